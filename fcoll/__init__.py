@@ -1,0 +1,64 @@
+"""fcoll: torch.distributed's collectives as pure functions on numpy arrays, over MPI.
+
+Each array collective is the c10d function of the same name with its output argument
+removed: the result is returned as a new array and inputs are never modified.
+
+Example:
+    >>> import numpy as np, fcoll as fc        # under mpiexec -n 4
+    >>> fc.all_reduce(np.array([fc.get_rank() + 1.0]))
+    array([10.])
+"""
+
+from fcoll._runtime import init, is_initialized, world
+from fcoll.collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_into_tensor_coalesced,
+    all_reduce,
+    all_reduce_coalesced,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    reduce_scatter_tensor_coalesced,
+    scatter,
+)
+from fcoll.group import Group, get_rank, get_world_size, new_group
+from fcoll.ops import ReduceOp, premul_sum
+from fcoll.subgroups import new_subgroups, new_subgroups_by_enumeration
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Group",
+    "ReduceOp",
+    "__version__",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "get_rank",
+    "get_world_size",
+    "init",
+    "is_initialized",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "premul_sum",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "scatter",
+    "world",
+]

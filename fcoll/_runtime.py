@@ -1,0 +1,132 @@
+"""Process-wide state: MPI start-up, the world group, and the settings of `fcoll.init`.
+
+MPI is started the first time fcoll needs it, at the thread level chosen here (see
+`docs/performance.md`): ``serialized`` unless ``FCOLL_MPI_THREAD_LEVEL`` says otherwise,
+because ``multiple`` costs small messages 15-45 % with MPICH and fcoll never calls MPI from
+two threads at once. If the program imported ``mpi4py.MPI`` first, its choice stands.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fcoll import _memory
+
+if TYPE_CHECKING:
+    from fcoll.group import Group
+
+_THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+_DEBUG_LEVELS = ("off", "info", "detail")
+
+Timeout = float | datetime.timedelta | None
+
+
+@dataclass
+class _State:
+    world: Group | None = None
+    timeout: float | None = None
+    debug: str = "off"
+
+
+_state = _State()
+
+
+def mpi() -> Any:
+    """Return the ``mpi4py.MPI`` module, starting MPI at fcoll's thread level if needed."""
+    module = sys.modules.get("mpi4py.MPI")
+    if module is not None:
+        return module
+    import mpi4py
+
+    level = os.environ.get("FCOLL_MPI_THREAD_LEVEL", "serialized").lower()
+    if level not in _THREAD_LEVELS:
+        raise ValueError(
+            f"FCOLL_MPI_THREAD_LEVEL: expected one of {_THREAD_LEVELS}, got {level!r}"
+        )
+    mpi4py.rc.thread_level = level
+    _memory.keep_freed_pages()
+    from mpi4py import MPI
+
+    return MPI
+
+
+def to_seconds(timeout: Timeout, name: str = "timeout") -> float | None:
+    """Normalise a timeout given as seconds or `datetime.timedelta` to float seconds."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(
+            f"{name}: expected seconds (float) or datetime.timedelta, "
+            f"got {type(timeout).__name__}"
+        )
+    if not seconds > 0:
+        raise ValueError(f"{name}: expected a positive duration, got {seconds} s")
+    return seconds
+
+
+def _debug_level(debug: str | None) -> str:
+    value = debug if debug is not None else os.environ.get("FCOLL_DEBUG", "off")
+    if not isinstance(value, str) or value.lower() not in _DEBUG_LEVELS:
+        raise ValueError(f"init: expected debug in {_DEBUG_LEVELS}, got {value!r}")
+    return value.lower()
+
+
+def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
+    """Start fcoll: MPI (if not started) and the world group. Idempotent.
+
+    Calling it is optional: the first collective calls it. Works under ``mpiexec -n N``
+    and as a plain ``python script.py`` (world size 1).
+
+    Args:
+        timeout: default deadline (seconds or `datetime.timedelta`) for blocking calls;
+            ``None`` waits forever. Later calls to `init` update it.
+        debug: ``"off"``, ``"info"`` or ``"detail"``; default from ``FCOLL_DEBUG``.
+
+    Example:
+        >>> import fcoll as fc
+        >>> fc.init(timeout=60)        # every rank
+        >>> fc.get_world_size()        # under mpiexec -n 4, on every rank
+        4
+    """
+    seconds = to_seconds(timeout)
+    level = _debug_level(debug)
+    if _state.world is None:
+        from fcoll.group import Group
+
+        MPI = mpi()
+        _state.world = Group._from_comm(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
+    if timeout is not None or _state.timeout is None:
+        _state.timeout = seconds
+    if debug is not None or "FCOLL_DEBUG" in os.environ:
+        _state.debug = level
+
+
+def is_initialized() -> bool:
+    """Whether `init` has run (explicitly or through a first collective)."""
+    return _state.world is not None
+
+
+def world() -> Group:
+    """The default group: every process of the job (fcoll's own duplicate of COMM_WORLD).
+
+    Example:
+        >>> fc.world().size    # under mpiexec -n 4
+        4
+    """
+    if _state.world is None:
+        init()
+    assert _state.world is not None
+    return _state.world
+
+
+def settings() -> _State:
+    """The live settings (default timeout, debug level)."""
+    return _state

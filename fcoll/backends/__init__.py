@@ -1,0 +1,1 @@
+"""Transports: each moves contiguous buffers and does no validation or dtype policy."""

@@ -1,0 +1,126 @@
+"""List forms: all_gather, gather, scatter, all_to_all (shapes may differ per rank).
+
+Shapes and dtypes travel first (a small pickled exchange that every rank checks the same
+way, so a dtype disagreement raises `ValueError` everywhere), then the data as raw bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fcoll._validate import check_array, check_arrays, check_rank
+from fcoll.backends import mpi as backend
+from fcoll.collectives._common import nbytes_of, split_bytes
+from fcoll.dtypes import as_bytes, dtype_from_name
+from fcoll.group import Group, resolve_group
+
+GroupArg = Group | Sequence[int] | None
+
+
+def _one_dtype(dtypes: list[str], fn: str) -> np.dtype[Any]:
+    if len(set(dtypes)) > 1:
+        detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(dtypes))
+        raise ValueError(f"{fn}: expected one dtype on every rank, got tensors with different "
+                         f"dtypes ({detail})")
+    return dtype_from_name(dtypes[0])
+
+
+def _meta(x: np.ndarray) -> tuple[tuple[int, ...], str]:
+    return x.shape, str(x.dtype)
+
+
+def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
+    """A list of every rank's ``x`` (entry ``i`` from group rank ``i``); shapes may differ.
+
+    Example:
+        >>> ys = fc.all_gather(np.arange(r + 1))     # rank r of 2 ranks
+        >>> ys                                       # on every rank
+        [array([0]), array([0, 1])]
+    """
+    fn = "all_gather"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
+    dtype = _one_dtype([d for _, d in meta], fn)
+    shapes = [s for s, _ in meta]
+    buf = backend.allgatherv(comm, as_bytes(x), [nbytes_of(s, dtype) for s in shapes])
+    return split_bytes(buf, dtype, shapes)
+
+
+def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarray] | None:
+    """The list of every rank's ``x`` on group rank ``dst``; ``None`` elsewhere.
+
+    Example:
+        >>> ys = fc.gather(np.array([r]), dst=0)     # rank r of 2 ranks
+        >>> ys                                       # rank 0; None on rank 1
+        [array([0]), array([1])]
+    """
+    fn = "gather"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    root = check_rank(dst, g.size, fn, "dst")
+    meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
+    dtype = _one_dtype([d for _, d in meta], fn)
+    shapes = [s for s, _ in meta]
+    buf = backend.gatherv(comm, as_bytes(x), [nbytes_of(s, dtype) for s in shapes], root)
+    return None if buf is None else split_bytes(buf, dtype, shapes)
+
+
+def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg = None) -> np.ndarray:
+    """Rank ``r`` gets ``chunks[r]`` of group rank ``src``; other ranks pass ``None``.
+
+    Example:
+        >>> chunks = [np.array([10]), np.array([11])] if r == 0 else None
+        >>> fc.scatter(chunks, src=0)                # on rank 1
+        array([11])
+    """
+    fn = "scatter"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    root = check_rank(src, g.size, fn, "src")
+    if g.rank != root:
+        if chunks is not None:
+            raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
+                             f"got {type(chunks).__name__} on rank {g.rank}")
+        shape, name = backend.scatter_obj(comm, None, root)
+        dtype = dtype_from_name(name)
+        buf = backend.scatterv(comm, None, _counts_here(comm, g.rank, shape, dtype), root)
+        return buf.view(dtype).reshape(shape)
+    arrays = check_arrays(chunks, g.size, fn, "chunks")
+    backend.scatter_obj(comm, [_meta(a) for a in arrays], root)
+    counts = [a.nbytes for a in arrays]
+    send = np.concatenate([as_bytes(a) for a in arrays])
+    buf = backend.scatterv(comm, send, counts, root)
+    return buf.view(arrays[root].dtype).reshape(arrays[root].shape)
+
+
+def _counts_here(comm: Any, rank: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> list[int]:
+    """Receive counts for Scatterv on a non-root: only this rank's entry is read."""
+    counts = [0] * comm.Get_size()
+    counts[rank] = nbytes_of(shape, dtype)
+    return counts
+
+
+def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.ndarray]:
+    """``chunks[i]`` goes to rank ``i``; entry ``i`` of the result is rank ``i``'s
+    ``chunks[r]``. Shapes may differ.
+
+    Example:
+        >>> out = fc.all_to_all([np.array([r, 0]), np.array([r, 1])])   # rank r of 2
+        >>> out                                                         # on rank 1
+        [array([0, 1]), array([1, 1])]
+    """
+    fn = "all_to_all"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    arrays = check_arrays(chunks, g.size, fn, "chunks")
+    meta = backend.allgather_obj(comm, [_meta(a) for a in arrays])
+    dtype = _one_dtype([row[0][1] for row in meta], fn)
+    shapes = [meta[p][g.rank][0] for p in range(g.size)]
+    send = np.concatenate([as_bytes(a) for a in arrays])
+    buf = backend.alltoallv(comm, send, [a.nbytes for a in arrays],
+                            [nbytes_of(s, dtype) for s in shapes])
+    return split_bytes(buf, dtype, shapes)

@@ -1,0 +1,191 @@
+"""Data movement on one array: broadcast, all_gather_into_tensor, all_to_all_single, barrier.
+
+Arrays travel as raw bytes, so every dtype moves bit-exact. Results are new arrays; inputs
+are never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from fcoll._validate import check_array, check_dim, check_rank, check_sizes
+from fcoll.backends import mpi as backend
+from fcoll.collectives._common import dim_back, dim_first, from_bytes, nbytes_of
+from fcoll.dtypes import as_bytes
+from fcoll.group import Group, resolve_group
+
+GroupArg = Group | Sequence[int] | None
+
+
+def broadcast(x: np.ndarray, src: int = 0, group: GroupArg = None) -> np.ndarray:
+    """Every rank gets group rank ``src``'s ``x`` (a new array on every rank, ``src`` too).
+
+    Every rank passes an array of the same shape and dtype; only ``src``'s values are read.
+
+    Example:
+        >>> y = fc.broadcast(np.array([r]), src=1)      # rank r
+        >>> y                                           # on every rank
+        array([1])
+    """
+    g = resolve_group(group, "broadcast")
+    comm = g.comm("broadcast")
+    root = check_rank(src, g.size, "broadcast", "src")
+    check_array(x, "broadcast")
+    if g.rank == root:
+        buf = np.array(x, order="C", copy=True).reshape(-1).view(np.uint8)
+    else:
+        buf = np.empty(x.nbytes, np.uint8)
+    return from_bytes(backend.bcast(comm, buf, root), x.dtype, x.shape)
+
+
+def barrier(group: GroupArg = None) -> None:
+    """Block until every rank of ``group`` has called `barrier`.
+
+    Example:
+        >>> fc.barrier()      # every rank; returns once all have arrived
+    """
+    backend.barrier(resolve_group(group, "barrier").comm("barrier"))
+
+
+def _gathered_shape(x: np.ndarray, dim: int, total: int) -> tuple[int, ...]:
+    """The shape of ``dim_first(x, dim)`` with its first axis replaced by ``total``."""
+    rest = x.shape[:dim] + x.shape[dim + 1 :]
+    return (total, *rest)
+
+
+def _sizes_problem(meta: list[Any], dim: int) -> str | None:
+    """What disagrees in every rank's all-gather-v metadata ``(shape, dtype, sizes)``.
+
+    Every rank holds the same ``meta`` and so finds the same problem: all raise together.
+    """
+    shape0, dtype0, _ = meta[0]
+    rest0 = shape0[:dim] + shape0[dim + 1 :]
+    for p, (shape, dtype, sizes) in enumerate(meta):
+        if dtype != dtype0 or len(shape) != len(shape0) or shape[:dim] + shape[dim + 1 :] != rest0:
+            return (f"rank {p} passed shape {shape} {dtype}, rank 0 passed {shape0} {dtype0} "
+                    "(only gather_dim may differ)")
+        for q, (q_shape, _, _) in enumerate(meta if sizes is not None else ()):
+            if sizes[q] != q_shape[dim]:
+                return (f"rank {p} passed sizes[{q}] = {sizes[q]} but rank {q} passed x of "
+                        f"shape {q_shape}")
+    return None
+
+
+def _all_gather_v(comm: Any, x: np.ndarray, dim: int, sizes: list[int] | None) -> np.ndarray:
+    fn = "all_gather_into_tensor"
+    meta = backend.allgather_obj(comm, (x.shape, str(x.dtype), sizes))
+    problem = _sizes_problem(meta, dim)
+    if problem is not None:
+        raise ValueError(f"{fn}: ranks disagree: {problem}")
+    lengths = [m[0][dim] for m in meta]
+    row = nbytes_of(_gathered_shape(x, dim, 1), x.dtype)
+    buf = backend.allgatherv(comm, as_bytes(dim_first(x, dim)), [s * row for s in lengths])
+    return from_bytes(buf, x.dtype, _gathered_shape(x, dim, sum(lengths)))
+
+
+def all_gather_into_tensor(
+    x: np.ndarray,
+    group: GroupArg = None,
+    *,
+    gather_dim: int = 0,
+    sizes: Sequence[int] | Literal["auto"] | None = None,
+) -> np.ndarray:
+    """Every rank's ``x`` concatenated along ``gather_dim``, in group-rank order.
+
+    Without ``sizes`` every rank passes the same shape and the result has
+    ``shape[gather_dim] * n`` there. With ``sizes=[...]`` (one entry per rank) or
+    ``sizes="auto"`` ranks may differ along ``gather_dim`` (all-gather-v); disagreeing
+    sizes or shapes raise `ValueError` on every rank. A 0-d ``x`` gathers to shape ``(n,)``.
+
+    Example:
+        >>> y = fc.all_gather_into_tensor(np.full((1, 2), r))    # rank r of 2 ranks
+        >>> y                                                    # on every rank
+        array([[0, 0],
+               [1, 1]])
+    """
+    fn = "all_gather_into_tensor"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    check_array(x, fn)
+    x = x.reshape(1) if x.ndim == 0 else x
+    dim = check_dim(x, gather_dim, fn, "gather_dim")
+    if sizes is None:
+        buf = backend.allgather(comm, as_bytes(dim_first(x, dim)))
+        y = from_bytes(buf, x.dtype, _gathered_shape(x, dim, x.shape[dim] * g.size))
+        return dim_back(y, dim)
+    checked = None if isinstance(sizes, str) and sizes == "auto" else check_sizes(
+        sizes, g.size, fn, "sizes")
+    if checked is not None and checked[g.rank] != x.shape[dim]:
+        raise ValueError(f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
+                         f"{checked[g.rank]}, got shape {x.shape}")
+    return dim_back(_all_gather_v(comm, x, dim, checked), dim)
+
+
+def _split_problem(meta: list[Any]) -> str | None:
+    """What disagrees in every rank's all_to_all_single metadata ``(in, out, row, dtype)``.
+
+    Every rank holds the same ``meta`` and so finds the same problem: all raise together.
+    """
+    _, _, row0, dtype0 = meta[0]
+    for p, (_, outs, row, dtype) in enumerate(meta):
+        if (row, dtype) != (row0, dtype0):
+            return f"rank {p} passed rows of shape {row} {dtype}, rank 0 {row0} {dtype0}"
+        for q, (q_ins, _, _, _) in enumerate(meta if outs is not None else ()):
+            if outs[q] != q_ins[p]:
+                return (f"rank {p} expects output_split_sizes[{q}] = {outs[q]} rows but "
+                        f"rank {q} sends {q_ins[p]} (its input_split_sizes[{p}])")
+    return None
+
+
+def _even_splits(x: np.ndarray, n: int, fn: str) -> list[int]:
+    if x.shape[0] % n:
+        raise ValueError(f"{fn}: expected x.shape[0] divisible by the group's size {n} when "
+                         f"input_split_sizes is None, got shape {x.shape}")
+    return [x.shape[0] // n] * n
+
+
+def all_to_all_single(
+    x: np.ndarray,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: GroupArg = None,
+) -> np.ndarray:
+    """Exchange rows (axis 0): block ``i`` of ``x`` goes to rank ``i``; the result is the
+    blocks received, in rank order.
+
+    ``None`` splits mean an even split. When only ``input_split_sizes`` is given the output
+    sizes are exchanged; split sizes that disagree between ranks raise `ValueError` on
+    every rank.
+
+    Example:
+        >>> y = fc.all_to_all_single(np.array([10 * r, 10 * r + 1]))   # rank r of 2
+        >>> y                                                           # on rank 1
+        array([ 1, 11])
+    """
+    fn = "all_to_all_single"
+    g = resolve_group(group, fn)
+    comm, n = g.comm(fn), g.size
+    check_array(x, fn)
+    if x.ndim == 0:
+        raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
+    if output_split_sizes is None and input_split_sizes is None:
+        _even_splits(x, n, fn)
+        return from_bytes(backend.alltoall(comm, as_bytes(x)), x.dtype, x.shape)
+    ins = (_even_splits(x, n, fn) if input_split_sizes is None
+           else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))
+    if sum(ins) != x.shape[0]:
+        raise ValueError(f"{fn}: expected sum(input_split_sizes) == x.shape[0] == "
+                         f"{x.shape[0]}, got {ins} (sum {sum(ins)})")
+    outs = (None if output_split_sizes is None
+            else check_sizes(output_split_sizes, n, fn, "output_split_sizes"))
+    meta = backend.allgather_obj(comm, (ins, outs, x.shape[1:], str(x.dtype)))
+    problem = _split_problem(meta)
+    if problem is not None:
+        raise ValueError(f"{fn}: ranks disagree: {problem}")
+    received = [meta[p][0][g.rank] for p in range(n)]
+    row = nbytes_of(x.shape[1:], x.dtype)
+    buf = backend.alltoallv(comm, as_bytes(x), [s * row for s in ins], [s * row for s in received])
+    return from_bytes(buf, x.dtype, (sum(received), *x.shape[1:]))

@@ -1,0 +1,112 @@
+"""Reductions: all_reduce, reduce, reduce_scatter_tensor, reduce_scatter.
+
+Each is the c10d function of the same name with its output argument removed: the result
+is a new array and the input is never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fcoll._validate import check_array, check_arrays, check_dim, check_rank
+from fcoll.backends import mpi as backend
+from fcoll.collectives._plan import reduction_plan
+from fcoll.dtypes import to_wire
+from fcoll.group import Group, resolve_group
+from fcoll.ops import Op
+
+GroupArg = Group | Sequence[int] | None
+
+
+def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndarray:
+    """Reduce ``x`` elementwise over every rank of ``group``; every rank gets the result.
+
+    Returns a new array of ``x``'s shape and dtype; ``x`` is not modified.
+
+    Args:
+        x: this rank's array (same shape and dtype on every rank).
+        op: a `ReduceOp`, its name (``"sum"``, ``"avg"``, ...) or `premul_sum`.
+        group: `Group`, list of global ranks, or ``None`` for the whole job.
+
+    Example:
+        >>> y = fc.all_reduce(np.array([r + 1.0]))      # rank r of 4 ranks
+        >>> y                                           # on every rank
+        array([10.])
+    """
+    g = resolve_group(group, "all_reduce")
+    comm = g.comm("all_reduce")
+    plan = reduction_plan(check_array(x, "all_reduce"), op, g.size, "all_reduce")
+    y = backend.allreduce(comm, to_wire(x, plan.op), plan.mpi_op)
+    return plan.finish(y).reshape(x.shape)
+
+
+def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) -> np.ndarray | None:
+    """Reduce ``x`` over ``group`` onto group rank ``dst``; other ranks get ``None``.
+
+    Example:
+        >>> y = fc.reduce(np.array([r + 1]), dst=0)      # rank r of 3 ranks
+        >>> y                                            # rank 0; None on ranks 1, 2
+        array([6])
+    """
+    g = resolve_group(group, "reduce")
+    comm = g.comm("reduce")
+    root = check_rank(dst, g.size, "reduce", "dst")
+    plan = reduction_plan(check_array(x, "reduce"), op, g.size, "reduce")
+    y = backend.reduce(comm, to_wire(x, plan.op), plan.mpi_op, root)
+    return None if y is None else plan.finish(y).reshape(x.shape)
+
+
+def _blocks_first(x: np.ndarray, dim: int, n: int) -> np.ndarray:
+    """``x`` with ``dim`` split into ``n`` blocks, the block index moved to axis 0."""
+    shape = (*x.shape[:dim], n, x.shape[dim] // n, *x.shape[dim + 1 :])
+    return np.moveaxis(x.reshape(shape), dim, 0)
+
+
+def reduce_scatter_tensor(
+    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, scatter_dim: int = 0
+) -> np.ndarray:
+    """Reduce ``x`` over ``group``, then keep block ``rank`` of ``n`` along ``scatter_dim``.
+
+    ``x.shape[scatter_dim]`` must be divisible by the group's size.
+
+    Example:
+        >>> y = fc.reduce_scatter_tensor(np.arange(4.0))   # each of 2 ranks
+        >>> y                                              # rank 0; rank 1: [4., 6.]
+        array([0., 2.])
+    """
+    fn = "reduce_scatter_tensor"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    dim = check_dim(check_array(x, fn), scatter_dim, fn, "scatter_dim")
+    n = g.size
+    if x.shape[dim] % n:
+        raise ValueError(f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's "
+                         f"size {n}, got shape {x.shape}")
+    plan = reduction_plan(x, op, n, fn)
+    blocks = x if dim == 0 else _blocks_first(x, dim, n)
+    y = backend.reduce_scatter_block(comm, to_wire(blocks, plan.op), plan.mpi_op)
+    out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
+    return plan.finish(y).reshape(out_shape)
+
+
+def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None) -> np.ndarray:
+    """Rank ``r`` gets the reduction over ranks of everyone's ``chunks[r]``.
+
+    ``chunks`` holds one array per group rank; their shapes may differ from index to
+    index (each index must agree across ranks).
+
+    Example:
+        >>> y = fc.reduce_scatter([np.ones(1), np.ones(2)])   # each of 2 ranks
+        >>> y                                                 # rank 1; rank 0: [2.]
+        array([2., 2.])
+    """
+    fn = "reduce_scatter"
+    g = resolve_group(group, fn)
+    comm = g.comm(fn)
+    arrays = check_arrays(chunks, g.size, fn, "chunks")
+    plan = reduction_plan(arrays[0], op, g.size, fn)
+    flat = np.concatenate([to_wire(a, plan.op) for a in arrays])
+    y = backend.reduce_scatter(comm, flat, [a.size for a in arrays], plan.mpi_op)
+    return plan.finish(y).reshape(arrays[g.rank].shape)

@@ -1,0 +1,215 @@
+"""Groups of processes: `Group`, `new_group`, subgroups, and `resolve_group`.
+
+A `Group` owns its own MPI communicator, so traffic on one group never matches messages
+of another. `resolve_group` is the one place that turns a ``group=`` argument into a
+`Group`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fcoll import _runtime
+from fcoll._runtime import Timeout, to_seconds
+
+GroupLike = "Group | Sequence[int] | None"
+
+
+class Group:
+    """A set of processes that run collectives together.
+
+    ``ranks[i]`` is the global rank of group rank ``i``. On a process outside the group,
+    ``rank`` and ``size`` are ``-1`` while ``ranks`` and rank translation still work, and
+    every collective on the group raises `ValueError`.
+
+    Example:
+        >>> g = fc.new_group([0, 2])          # every rank calls it; under mpiexec -n 4
+        >>> (g.rank, g.size, g.ranks)         # on global rank 2
+        (1, 2, (0, 2))
+        >>> (g.rank, g.size)                  # on global rank 1
+        (-1, -1)
+    """
+
+    def __init__(self, comm: Any, ranks: Sequence[int], timeout: float | None = None) -> None:
+        self._comm = comm
+        self._ranks = tuple(int(r) for r in ranks)
+        self._rank = comm.Get_rank() if comm is not None else -1
+        self._destroyed = False
+        self.timeout = timeout
+
+    @classmethod
+    def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
+        return cls(comm, ranks)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group, or -1 when it is not a member."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """The number of processes in the group, or -1 on a non-member."""
+        return len(self._ranks) if self._comm is not None else -1
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The global ranks of the members, in group-rank order."""
+        return self._ranks
+
+    @property
+    def is_member(self) -> bool:
+        """Whether this process belongs to the group."""
+        return self._comm is not None
+
+    def comm(self, fn: str) -> Any:
+        """The group's MPI communicator; `ValueError` if destroyed or not a member."""
+        if self._destroyed:
+            raise ValueError(f"{fn}: expected a live group, got {self!r}, which was destroyed")
+        if self._comm is None:
+            me = _runtime.world().rank
+            raise ValueError(
+                f"{fn}: expected a group this process belongs to, got {self!r}, "
+                f"which does not contain global rank {me}"
+            )
+        return self._comm
+
+    def group_rank(self, global_rank: int) -> int:
+        """The group rank of ``global_rank``; `ValueError` if it is not part of the group."""
+        try:
+            return self._ranks.index(global_rank)
+        except ValueError:
+            raise ValueError(
+                f"group_rank: global rank {global_rank} is not part of group {list(self._ranks)}"
+            ) from None
+
+    def global_rank(self, group_rank: int) -> int:
+        """The global rank of ``group_rank``; `ValueError` if it is not part of the group."""
+        if not isinstance(group_rank, int) or not 0 <= group_rank < len(self._ranks):
+            raise ValueError(
+                f"global_rank: group rank {group_rank!r} is not part of group "
+                f"{list(self._ranks)} (expected 0 <= rank < {len(self._ranks)})"
+            )
+        return self._ranks[group_rank]
+
+    def split(self, color: int | None, key: int | None = None) -> Group:
+        """Split into groups of the members that pass the same ``color`` (``MPI_Comm_split``).
+
+        Collective over this group. Members are ordered by ``key`` (default: their rank
+        here), ties by their rank here. ``color=None`` gives a group this process is not in.
+
+        Example:
+            >>> g = fc.world().split(color=fc.get_rank() % 2)   # mpiexec -n 4
+            >>> g.ranks                                        # on ranks 1 and 3
+            (1, 3)
+        """
+        comm = self.comm("split")
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise ValueError(f"split: expected color to be a non-negative int or None, "
+                             f"got {color!r}")
+        if key is not None and not isinstance(key, int):
+            raise TypeError(f"split: expected key to be an int or None, got {key!r}")
+        order = key if key is not None else self._rank
+        entries = comm.allgather((color, order, self._rank))
+        if color is None:
+            comm.Split(_runtime.mpi().UNDEFINED, 0)
+            return Group(None, (), self.timeout)
+        mine = sorted((o, r) for c, o, r in entries if c == color)
+        new = comm.Split(color, order)
+        return Group(new, [self._ranks[r] for _, r in mine], self.timeout)
+
+    def destroy(self) -> None:
+        """Free the group's communicator; later use of the group raises `ValueError`."""
+        if self is _runtime.settings().world:
+            raise ValueError("destroy: expected a group other than the world group")
+        if self._comm is not None and not self._destroyed:
+            self._comm.Free()
+        self._destroyed = True
+        _LIST_GROUPS.pop(self._ranks, None)
+
+    def __repr__(self) -> str:
+        state = ", destroyed" if self._destroyed else ""
+        return f"Group(ranks={list(self._ranks)}, rank={self._rank}{state})"
+
+
+_LIST_GROUPS: dict[tuple[int, ...], Group] = {}
+
+
+def _check_ranks(ranks: object, fn: str, world_size: int) -> tuple[int, ...]:
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+        raise TypeError(f"{fn}: expected ranks to be a list of ints, got {type(ranks).__name__}")
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise TypeError(f"{fn}: expected ranks to be a list of ints, got {list(ranks)!r}")
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"{fn}: expected ranks in [0, {world_size}), got {bad}; The new "
+                         "group's rank should be within the world_size set by init")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"{fn}: expected distinct ranks, got {list(ranks)}")
+    return tuple(sorted(ranks))
+
+
+def _create(ranks: tuple[int, ...], timeout: float | None) -> Group:
+    """A group of ``ranks``; collective over those ranks only (``MPI_Comm_create_group``)."""
+    world = _runtime.world()
+    if world.rank not in ranks:
+        return Group(None, ranks, timeout)
+    parent = world.comm("new_group")
+    mpi_group = parent.Get_group().Incl(list(ranks))
+    try:
+        return Group(parent.Create_group(mpi_group), ranks, timeout)
+    finally:
+        mpi_group.Free()
+
+
+def new_group(ranks: Sequence[int] | None = None, *, timeout: Timeout = None) -> Group:
+    """A group of the given global ranks (all of them when ``None``), sorted, as in c10d.
+
+    Every process of the job calls it, members or not.
+
+    Example:
+        >>> g = fc.new_group([1, 3])     # on every rank
+        >>> fc.get_rank(g)               # on rank 3: 1; on rank 0: -1
+        1
+    """
+    world = _runtime.world()
+    seconds = to_seconds(timeout)
+    if ranks is None:
+        return Group(world.comm("new_group").Dup(), world.ranks, seconds)
+    return _create(_check_ranks(ranks, "new_group", world.size), seconds)
+
+
+def resolve_group(group: object, fn: str) -> Group:
+    """Turn a ``group=`` argument (None, `Group`, list of global ranks) into a `Group`."""
+    if group is None:
+        return _runtime.world()
+    if isinstance(group, Group):
+        return group
+    if isinstance(group, (list, tuple)):
+        key = _check_ranks(group, fn, _runtime.world().size)
+        cached = _LIST_GROUPS.get(key)
+        if cached is None:
+            cached = _LIST_GROUPS[key] = _create(key, None)
+        return cached
+    raise TypeError(f"{fn}: expected group to be None, a fcoll.Group or a list of ranks, "
+                    f"got {type(group).__name__}")
+
+
+def get_rank(group: Group | Sequence[int] | None = None) -> int:
+    """This process's rank in ``group`` (the job when ``None``); -1 on a non-member.
+
+    Example:
+        >>> fc.get_rank()        # on the third process of mpiexec -n 4
+        2
+    """
+    return resolve_group(group, "get_rank").rank
+
+
+def get_world_size(group: Group | Sequence[int] | None = None) -> int:
+    """The number of processes in ``group`` (the job when ``None``); -1 on a non-member.
+
+    Example:
+        >>> fc.get_world_size()  # under mpiexec -n 4
+        4
+    """
+    return resolve_group(group, "get_world_size").size
