@@ -1,0 +1,293 @@
+"""fcoll's four core collectives against raw mpi4py buffer calls, in one run.
+
+Run (every rank runs this file):
+
+    mpiexec -n 4 .venv/bin/python -m mpi4py bench/bench_core.py [--sizes 8,1M] [--quick]
+        [--csv PATH] [--thread-level serialized|multiple|funneled|single]
+
+For each op and message size the fcoll function (fresh output every call) and the raw
+mpi4py call (``comm.Allreduce`` ... on a Dup of COMM_WORLD, outputs preallocated once)
+run in the same process, in alternating timed batches, so that drift in the machine's
+load hits both alike. A batch is: barrier, then ``iters`` back-to-back calls; its per-call
+time is the slowest rank's (MAX over ranks). The reported latency is the median over
+batches. Bandwidth follows nccl-tests (``algbw = S / t``; ``busbw = algbw * factor``).
+See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KiB, MiB = 1 << 10, 1 << 20
+FULL_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 2 * MiB, 8 * MiB, 16 * MiB, 64 * MiB]
+QUICK_SIZES = [8, 4 * KiB, 256 * KiB, MiB, 8 * MiB]
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
+THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+DTYPE = np.dtype(np.float32)
+# Targets: fcoll/raw at the smallest size, and at every size >= LARGE.
+SMALL_TARGET, LARGE_TARGET, LARGE = 1.5, 1.05, MiB
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"4K"``, ``"1M"``, ``"64MiB"`` -> bytes (binary units)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": KiB, "M": MiB, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if scale > 1 else t) * scale)
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("M", MiB), ("K", KiB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", metavar="SIZE",
+                   help="bytes per rank input, e.g. 8 4K 1M (or 8,4K,1M); default 8 B .. 64 MiB")
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument("--csv", type=Path, help="default bench/results/core_n{N}[_LEVEL].csv")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer sizes (8 B .. 8 MiB), batches and shorter batches")
+    p.add_argument("--thread-level", choices=THREAD_LEVELS,
+                   help="sets FCOLL_MPI_THREAD_LEVEL before fcoll starts MPI")
+    p.add_argument("--batches", type=int, help="timed batches per impl (default 9; quick 5)")
+    p.add_argument("--batch-ms", type=float,
+                   help="target duration of one batch in ms (default 40; quick 15)")
+    p.add_argument("--max-iters", type=int, default=20000, help="cap on calls per batch")
+    args = p.parse_args(argv)
+    sizes = args.sizes and [parse_size(s) for a in args.sizes for s in a.split(",") if s]
+    args.sizes = sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    args.batches = args.batches or (5 if args.quick else 9)
+    args.batch_ms = args.batch_ms or (15.0 if args.quick else 40.0)
+    return args
+
+
+ARGS = parse_args()
+if ARGS.thread_level:
+    os.environ["FCOLL_MPI_THREAD_LEVEL"] = ARGS.thread_level
+
+# fcoll starts MPI (at FCOLL_MPI_THREAD_LEVEL, default serialized) when it is imported /
+# first used, but only if mpi4py.MPI is not imported yet: so fcoll first, then MPI.
+import fcoll  # noqa: E402
+
+fcoll.init()
+import mpi4py  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+
+@dataclass
+class Case:
+    """One (op, size): the input, the two callables, and the bytes nccl-tests counts."""
+
+    op: str
+    nbytes: int  # bytes of this rank's input
+    fcoll_call: Callable[[], Any]
+    raw_call: Callable[[], Any]
+    check: Callable[[], bool]
+    bus_bytes: int  # S: the larger buffer, as nccl-tests defines it
+    bus_factor: float
+
+
+def make_case(op: str, nbytes: int, comm: Any, rank: int, n: int) -> Case:
+    count = max(1, nbytes // DTYPE.itemsize)
+    if op in ("reduce_scatter_tensor", "all_to_all_single"):
+        count = -(-count // n) * n  # divisible by n: 8 B at n=4 becomes 16 B
+    # Small integers: float32 sums are exact, so fcoll and raw must agree bit for bit.
+    x = ((np.arange(count, dtype=np.int64) * 7 + rank) % 13).astype(DTYPE)
+    nb = x.nbytes
+    last: dict[str, Any] = {}
+
+    if op == "all_reduce":
+        out = np.empty_like(x)
+
+        def fcall() -> Any:
+            last["f"] = fcoll.all_reduce(x)
+
+        def rcall() -> Any:
+            comm.Allreduce(x, out, MPI.SUM)
+
+        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
+                    nb, 2 * (n - 1) / n)
+    if op == "all_gather_into_tensor":
+        out = np.empty(count * n, DTYPE)
+
+        def fcall() -> Any:
+            last["f"] = fcoll.all_gather_into_tensor(x)
+
+        def rcall() -> Any:
+            comm.Allgather(x, out)
+
+        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
+                    nb * n, (n - 1) / n)
+    if op == "reduce_scatter_tensor":
+        out = np.empty(count // n, DTYPE)
+
+        def fcall() -> Any:
+            last["f"] = fcoll.reduce_scatter_tensor(x)
+
+        def rcall() -> Any:
+            comm.Reduce_scatter_block(x, out, MPI.SUM)
+
+        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
+                    nb, (n - 1) / n)
+    if op == "all_to_all_single":
+        out = np.empty_like(x)
+
+        def fcall() -> Any:
+            last["f"] = fcoll.all_to_all_single(x)
+
+        def rcall() -> Any:
+            comm.Alltoall(x, out)
+
+        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
+                    nb, (n - 1) / n)
+    raise ValueError(op)
+
+
+def timed(comm: Any, call: Callable[[], Any], iters: int) -> float:
+    """Barrier, then ``iters`` calls; this rank's seconds per call."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return (time.perf_counter() - t0) / iters
+
+
+def slowest(comm: Any, *local: float) -> np.ndarray:
+    """Element-wise MAX over ranks (the slowest rank's time is the honest one)."""
+    send = np.array(local, np.float64)
+    out = np.empty_like(send)
+    comm.Allreduce(send, out, MPI.MAX)
+    return out
+
+
+def measure(case: Case, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
+    # Warm up and calibrate with fixed call counts (every rank must make the same calls).
+    case.fcoll_call()
+    case.raw_call()
+    ok = bool(slowest(comm, 0.0 if case.check() else 1.0)[0] == 0.0)
+    est = slowest(comm, timed(comm, case.fcoll_call, 3), timed(comm, case.raw_call, 3))
+    iters = int(min(args.max_iters, max(2, args.batch_ms * 1e-3 / max(est.max(), 1e-9))))
+    f_times, r_times = [], []
+    for b in range(args.batches):  # alternate which impl goes first
+        if b % 2 == 0:
+            tf, tr = timed(comm, case.fcoll_call, iters), timed(comm, case.raw_call, iters)
+        else:
+            tr, tf = timed(comm, case.raw_call, iters), timed(comm, case.fcoll_call, iters)
+        mf, mr = slowest(comm, tf, tr)
+        f_times.append(mf)
+        r_times.append(mr)
+    tf, tr = statistics.median(f_times), statistics.median(r_times)
+    return {
+        "op": case.op,
+        "bytes": case.nbytes,
+        "fcoll_us": tf * 1e6,
+        "raw_us": tr * 1e6,
+        "ratio": tf / tr,
+        "fcoll_busbw_GBps": case.bus_bytes / tf * case.bus_factor / 1e9,
+        "raw_busbw_GBps": case.bus_bytes / tr * case.bus_factor / 1e9,
+        "fcoll_algbw_GBps": case.bus_bytes / tf / 1e9,
+        "raw_algbw_GBps": case.bus_bytes / tr / 1e9,
+        "fcoll_us_min": min(f_times) * 1e6,
+        "raw_us_min": min(r_times) * 1e6,
+        "iters": iters,
+        "batches": args.batches,
+        "correct": ok,
+    }
+
+
+def thread_level_name(level: int) -> str:
+    names = {getattr(MPI, f"THREAD_{t.upper()}"): t for t in THREAD_LEVELS}
+    return names.get(level, str(level))
+
+
+def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    table = Table(title=(f"fcoll vs raw mpi4py — n={meta['n']}, thread level "
+                         f"{meta['thread_level']}, {meta['mpi_library']}"))
+    for name in ("op", "bytes", "fcoll µs", "raw µs", "fcoll/raw",
+                 "fcoll busbw GB/s", "raw busbw GB/s"):
+        table.add_column(name, justify="left" if name == "op" else "right")
+    for i, r in enumerate(rows):
+        target = SMALL_TARGET if r["bytes"] < 64 else LARGE_TARGET if r["bytes"] >= LARGE else None
+        ratio = f"{r['ratio']:.2f}"
+        if target is not None:
+            ratio = f"[{'green' if r['ratio'] <= target else 'red'}]{ratio}[/]"
+        new_op = i == 0 or rows[i - 1]["op"] != r["op"]
+        table.add_row(r["op"] if new_op else "", human(r["bytes"]) + ("" if r["correct"] else " ✗"),
+                      f"{r['fcoll_us']:.1f}", f"{r['raw_us']:.1f}", ratio,
+                      f"{r['fcoll_busbw_GBps']:.3f}", f"{r['raw_busbw_GBps']:.3f}",
+                      end_section=i + 1 < len(rows) and rows[i + 1]["op"] != r["op"])
+    console.print(table)
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        small = min(mine, key=lambda r: r["bytes"])
+        large = [r for r in mine if r["bytes"] >= LARGE]
+        line = (f"{op:<24} at {human(small['bytes'])} B: {small['ratio']:.2f}x "
+                f"({'ok' if small['ratio'] <= SMALL_TARGET else 'MISS'} vs {SMALL_TARGET}x)")
+        if large:
+            worst = max(large, key=lambda r: r["ratio"])
+            line += (f";  worst >= 1 MiB: {worst['ratio']:.2f}x at {human(worst['bytes'])} "
+                     f"({'ok' if worst['ratio'] <= LARGE_TARGET else 'MISS'} vs {LARGE_TARGET}x)")
+        if not all(r["correct"] for r in mine):
+            line += "  RESULTS DIFFER FROM RAW"
+        console.print(line, highlight=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*rows[0], *meta])
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({**{k: (f"{v:.6g}" if isinstance(v, float) else v)
+                                for k, v in r.items()}, **meta})
+    console.print(f"wrote {path}", highlight=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    comm = MPI.COMM_WORLD.Dup()
+    rank, n = comm.Get_rank(), comm.Get_size()
+    meta = {
+        "n": n,
+        "thread_level": thread_level_name(MPI.Query_thread()),
+        "mpi4py": mpi4py.__version__,
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "fcoll": fcoll.__version__,
+        "numpy": np.__version__,
+    }
+    meta["mpi_library"] = " ".join(meta["mpi_library"].split())
+    rows = []
+    start = time.perf_counter()
+    for op in args.ops:
+        for nbytes in args.sizes:
+            rows.append(measure(make_case(op, nbytes, comm, rank, n), comm, args))
+            if rank == 0:
+                r = rows[-1]
+                print(f"  {op} {human(r['bytes'])}: fcoll {r['fcoll_us']:.1f} us, "
+                      f"raw {r['raw_us']:.1f} us ({r['iters']} calls x {r['batches']})",
+                      file=sys.stderr, flush=True)
+    if rank == 0:
+        suffix = "" if meta["thread_level"] == "serialized" else f"_{meta['thread_level']}"
+        path = args.csv or Path(__file__).parent / "results" / f"core_n{n}{suffix}.csv"
+        report(rows, meta, path)
+        print(f"total {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(ARGS))

@@ -1,0 +1,71 @@
+"""Fixtures shared by the suite; the MPI harness lives in tests/harness.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import fcoll as fc
+
+pytest_plugins = ["tests.harness"]
+
+
+@dataclass(frozen=True)
+class G:
+    """A group under test: ``arg`` is what tests pass as ``group=``."""
+
+    name: str
+    arg: Any
+    members: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(fc.get_rank()) if fc.get_rank() in self.members else -1
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+def list_ranks(world_size: int) -> list[int]:
+    """A non-contiguous rank list: even ranks plus the last (ws 4: [0, 2, 3]; ws 3: [0, 2])."""
+    return sorted(set(range(0, world_size, 2)) | {world_size - 1})
+
+
+_GROUPS: dict[str, G] = {}
+
+
+def _make(name: str) -> G:
+    ws, me = fc.get_world_size(), fc.get_rank()
+    if name == "world":
+        return G(name, None, tuple(range(ws)))
+    if name == "split":
+        g = fc.world().split(color=me % 2)
+        return G(name, g, g.ranks)
+    ranks = list_ranks(ws)
+    return G(name, ranks, tuple(ranks))
+
+
+@pytest.fixture(params=["world", "split", "ranks"])
+def group(request: pytest.FixtureRequest) -> G:
+    """The world, a split (ranks of equal parity) and a non-contiguous rank list.
+    Processes outside the group skip the test."""
+    name = request.param
+    if name not in _GROUPS:
+        _GROUPS[name] = _make(name)
+    g = _GROUPS[name]
+    if g.rank < 0:
+        pytest.skip(f"global rank {fc.get_rank()} is not in {g.members}")
+    return g
+
+
+@pytest.fixture
+def rank() -> int:
+    return fc.get_rank()
+
+
+@pytest.fixture
+def world_size() -> int:
+    return fc.get_world_size()

@@ -1,0 +1,72 @@
+"""Deterministic per-rank data and numpy references, so any rank can compute every
+rank's input and hence the expected result, at any world size."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+INTS = [np.dtype(t) for t in ("int8", "int16", "int32", "int64",
+                              "uint8", "uint16", "uint32", "uint64")]
+FLOATS = [np.dtype("float16"), BF16, np.dtype("float32"), np.dtype("float64")]
+COMPLEX = [np.dtype("complex64"), np.dtype("complex128")]
+ALL_DTYPES = [np.dtype(bool), *INTS, *FLOATS, *COMPLEX]
+
+
+def data(rank: int, shape: Sequence[int] | int, dtype: Any, salt: int = 0,
+         low: int = 0, high: int = 8) -> np.ndarray:
+    """Small integer-valued data of ``dtype`` for ``rank`` (exact in every dtype's sums)."""
+    rng = np.random.default_rng([salt, rank])
+    dtype = np.dtype(dtype)
+    values = rng.integers(low, high, size=shape)
+    if dtype == np.bool_:
+        return values % 2 == 1
+    if dtype.kind == "c":
+        return (values + 1j * rng.integers(low, high, size=shape)).astype(dtype)
+    return values.astype(dtype)
+
+
+def bits(rank: int, shape: Sequence[int] | int, dtype: Any, salt: int = 0) -> np.ndarray:
+    """Arbitrary bit patterns of ``dtype`` (NaNs, infs, denormals included): for movement."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng([salt, rank, 7])
+    count = int(np.prod(shape)) * dtype.itemsize
+    raw = rng.integers(0, 256, size=count, dtype=np.uint8)
+    if dtype == np.bool_:
+        raw = raw % 2
+    return raw.view(dtype).reshape(shape)
+
+
+def wire(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    return np.dtype("float32") if dtype in (np.dtype("float16"), BF16) else dtype
+
+
+_NUMPY_OPS = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum,
+              "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
+              "bxor": np.bitwise_xor}
+_BOOL_OPS = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
+             "product": np.logical_and, "min": np.logical_and, "band": np.logical_and,
+             "bxor": np.logical_xor}
+
+
+def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    """numpy's reduction of ``inputs`` in rank order, with fcoll's dtype rules."""
+    dtype = inputs[0].dtype
+    if dtype == np.bool_:
+        return functools.reduce(_BOOL_OPS[op], inputs)
+    w = wire(dtype)
+    total = functools.reduce(_NUMPY_OPS[op], [x.astype(w) for x in inputs])
+    if op == "avg":
+        total = total / np.asarray(len(inputs), dtype=w)
+    return np.asarray(total).astype(dtype)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal dtype, shape and bytes."""
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
