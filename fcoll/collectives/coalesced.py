@@ -68,7 +68,7 @@ def all_reduce_coalesced(xs: Sequence[np.ndarray], op: Op = "sum", group: GroupA
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
         flat = np.concatenate([to_wire(x, plan.op) for x in same])
-        y = plan.finish(backend.allreduce(comm, flat, plan.mpi_op))
+        y = plan.finish(plan.allreduce(comm, flat))
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
     return _per_dtype(arrays, run)
@@ -122,7 +122,7 @@ def reduce_scatter_tensor_coalesced(
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
         blocks = np.concatenate([to_wire(x, plan.op).reshape(n, x.size // n) for x in same], axis=1)
-        y = plan.finish(backend.reduce_scatter_block(comm, blocks.reshape(-1), plan.mpi_op))
+        y = plan.finish(plan.reduce_scatter(comm, blocks.reshape(-1), [blocks.shape[1]] * n))
         shapes = [(x.shape[0] // n, *x.shape[1:]) for x in same]
         return _split(y, [x.size // n for x in same], shapes)
 
