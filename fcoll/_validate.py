@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 from fcoll.dtypes import check_dtype

@@ -89,7 +89,8 @@ def to_wire(x: np.ndarray, op: ReduceOp | PremulSum) -> np.ndarray:
     else:
         flat = np.ascontiguousarray(x, dtype=wire).reshape(-1)
     if isinstance(op, PremulSum):
-        return np.multiply(flat, np.asarray(op.factor, dtype=wire), dtype=wire)
+        scaled: np.ndarray = np.multiply(flat, np.asarray(op.factor, dtype=wire), dtype=wire)
+        return scaled
     return flat
 
 

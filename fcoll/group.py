@@ -13,8 +13,6 @@ from typing import Any
 from fcoll import _runtime
 from fcoll._runtime import Timeout, to_seconds
 
-GroupLike = "Group | Sequence[int] | None"
-
 
 class Group:
     """A set of processes that run collectives together.
@@ -63,7 +61,11 @@ class Group:
         return self._comm is not None
 
     def comm(self, fn: str) -> Any:
-        """The group's MPI communicator; `ValueError` if destroyed or not a member."""
+        """The group's own mpi4py communicator (for interop with mpi4py code).
+
+        Raises `ValueError`, naming the calling function ``fn``, if the group was
+        destroyed or this process is not a member.
+        """
         if self._destroyed:
             raise ValueError(f"{fn}: expected a live group, got {self!r}, which was destroyed")
         if self._comm is None:
@@ -125,7 +127,8 @@ class Group:
         if self._comm is not None and not self._destroyed:
             self._comm.Free()
         self._destroyed = True
-        _LIST_GROUPS.pop(self._ranks, None)
+        if _LIST_GROUPS.get(self._ranks) is self:
+            del _LIST_GROUPS[self._ranks]
 
     def __repr__(self) -> str:
         state = ", destroyed" if self._destroyed else ""

@@ -58,7 +58,7 @@ BAD_CALLS = [
     (ValueError, r"expected non-negative input_split_sizes",
      lambda n: fc.all_to_all_single(X, None, [-1] * n)),
     (ValueError, r"expected output_split_sizes to have \d+ entries",
-     lambda n: fc.all_to_all_single(X, [1], [4] + [0] * (n - 1)) if n > 1 else fc.all_to_all_single(X, [1, 2], [4])),
+     lambda n: fc.all_to_all_single(X, [1] * (n + 1), [4] + [0] * (n - 1))),
     (ValueError, r"expected x with at least 1 dimension", lambda n: fc.all_to_all_single(np.ones(()))),
     (ValueError, r"(expected x.shape\[0\] divisible by the group's size|at least 1 dimension)",
      lambda n: fc.all_to_all_single(np.ones(n + 1) if n > 1 else np.ones(()))),

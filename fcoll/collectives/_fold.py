@@ -29,7 +29,7 @@ GATHER_LIMIT = 32 << 10
 
 def fold(rows: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """Combine the rows of ``rows`` (shape ``(n, m)``) in row order into a new ``(m,)``."""
-    acc = rows[0].copy()
+    acc: np.ndarray = rows[0].copy()
     for row in rows[1:]:
         ufunc(acc, row, out=acc)
     return acc

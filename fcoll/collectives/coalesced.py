@@ -51,7 +51,9 @@ def _split(flat: np.ndarray, sizes: list[int], shapes: list[tuple[int, ...]]) ->
     return [flat[a:b].reshape(s) for a, b, s in zip(offsets, offsets[1:], shapes, strict=False)]
 
 
-def all_reduce_coalesced(xs: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None) -> list[np.ndarray]:
+def all_reduce_coalesced(
+    xs: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None
+) -> list[np.ndarray]:
     """`all_reduce` of every array in ``xs``, fused into one message per dtype.
 
     Example:

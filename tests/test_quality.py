@@ -1,0 +1,53 @@
+"""Checks that need one process: lint, types, the docs build, import hygiene, the example.
+
+They run in the world-size-1 pass of scripts/test.sh and are skipped at larger sizes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fcoll as fc
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.skipif(fc.get_world_size() != 1, reason="runs at world size 1 only")
+
+
+def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_ruff():
+    done = _run(str(BIN / "ruff"), "check", "fcoll", "tests", "examples", "bench")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy():
+    done = _run(str(BIN / "mypy"))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_docs_build_strict(tmp_path):
+    done = _run(str(BIN / "mkdocs"), "build", "--strict", "-q", "-d", str(tmp_path / "site"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+def test_import_does_not_import_cupy():
+    code = "import sys, fcoll; assert 'cupy' not in sys.modules; print(fcoll.__all__)"
+    done = _run(sys.executable, "-c", code)
+    assert done.returncode == 0, done.stderr
+
+
+def test_example_runs_on_four_ranks():
+    done = _run(str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "mpi4py",
+                "examples/tour.py", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all_reduce(x)" in done.stdout and "array([60., 64.])" in done.stdout
