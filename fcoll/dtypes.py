@@ -80,33 +80,6 @@ def wire_op(op: ReduceOp | PremulSum, dtype: np.dtype[Any]) -> ReduceOp | Premul
     return op
 
 
-def to_wire(x: np.ndarray, op: ReduceOp | PremulSum) -> np.ndarray:
-    """Flat, C-contiguous wire data for reducing ``x`` with ``op``; never ``x``'s own buffer
-    when it must be changed (premul_sum, upcasts)."""
-    wire = wire_dtype(x.dtype)
-    if x.dtype == np.bool_:
-        flat = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-    else:
-        flat = np.ascontiguousarray(x, dtype=wire).reshape(-1)
-    if isinstance(op, PremulSum):
-        scaled: np.ndarray = np.multiply(flat, np.asarray(op.factor, dtype=wire), dtype=wire)
-        return scaled
-    return flat
-
-
-def from_wire(
-    y: np.ndarray, dtype: np.dtype[Any], op: ReduceOp | PremulSum, n: int
-) -> np.ndarray:
-    """Turn reduced wire data ``y`` (owned by fcoll, flat) back into ``dtype``; may reuse ``y``."""
-    if op == ReduceOp.AVG:
-        np.divide(y, n, out=y)
-    if dtype == np.bool_:
-        return y.view(np.bool_)
-    if y.dtype != dtype:
-        return y.astype(dtype)
-    return y
-
-
 def as_bytes(x: np.ndarray) -> np.ndarray:
     """``x``'s elements in C order as a flat uint8 array (a view when ``x`` is C-contiguous)."""
     return np.ascontiguousarray(x).reshape(-1).view(np.uint8)

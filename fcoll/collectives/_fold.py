@@ -29,8 +29,8 @@ GATHER_LIMIT = 32 << 10
 
 def fold(rows: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """Combine the rows of ``rows`` (shape ``(n, m)``) in row order into a new ``(m,)``."""
-    acc: np.ndarray = rows[0].copy()
-    for row in rows[1:]:
+    acc: np.ndarray = rows[0].copy() if len(rows) == 1 else ufunc(rows[0], rows[1])
+    for row in rows[2:]:
         ufunc(acc, row, out=acc)
     return acc
 
@@ -41,11 +41,16 @@ def _blocks(size: int, n: int) -> list[int]:
     return [base + (i < extra) for i in range(n)]
 
 
-def reduce_scatter(comm: Any, wire: np.ndarray, counts: Sequence[int], ufunc: np.ufunc) -> np.ndarray:
+def reduce_scatter(
+    comm: Any, wire: np.ndarray, counts: Sequence[int], ufunc: np.ufunc
+) -> np.ndarray:
     """Block ``rank`` (``counts[rank]`` elements) of the reduction of flat ``wire``."""
     n, me, size = comm.Get_size(), comm.Get_rank(), wire.itemsize
-    recv = backend.alltoallv(comm, wire.view(np.uint8), [c * size for c in counts],
-                             [counts[me] * size] * n)
+    if counts.count(counts[0]) == n:
+        recv = backend.alltoall(comm, wire.view(np.uint8))
+    else:
+        recv = backend.alltoallv(comm, wire.view(np.uint8), [c * size for c in counts],
+                                 [counts[me] * size] * n)
     return fold(recv.view(wire.dtype).reshape(n, counts[me]), ufunc)
 
 

@@ -1,8 +1,10 @@
 """Per-(op, dtype, group size) reduction plans, cached: the small-message hot path.
 
-A plan knows how a reduction travels: integer and bool data are reduced by MPI's own ops
-(exact in any order); floating and complex data are folded by fcoll in group-rank order
-(`fcoll.collectives._fold`), so their results do not depend on the message size.
+A plan knows how a reduction travels. Integer and bool data are reduced by MPI's own ops
+(exact in any order). Floating and complex data are folded by fcoll in group-rank order
+(`fcoll.collectives._fold`), so that their results do not depend on the message size;
+on one or two ranks a sum or product has only one possible result (IEEE addition and
+multiplication are commutative), so MPI's own op is used there.
 """
 
 from __future__ import annotations
@@ -16,22 +18,43 @@ import numpy as np
 
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fold
-from fcoll.dtypes import check_op, from_wire, wire_dtype, wire_op
+from fcoll.dtypes import check_op, wire_dtype, wire_op
 from fcoll.ops import PremulSum, ReduceOp, mpi_op, resolve_op
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+_COMMUTATIVE_EXACT = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT)
 
 
 @dataclass(frozen=True)
 class ReductionPlan:
-    """How one reduction travels: the op for `to_wire`, MPI's op or fcoll's fold, the way back."""
+    """How one reduction travels: wire dtype, MPI's op or fcoll's fold, and the way back."""
 
     op: ReduceOp | PremulSum
     mpi_op: Any
-    ufunc: np.ufunc | None
+    ufunc: np.ufunc | None  # None: MPI reduces; else fcoll folds with this ufunc
     dtype: np.dtype[Any]
+    wire_dtype: np.dtype[Any]
     n: int
+
+    def wire(self, x: np.ndarray) -> np.ndarray:
+        """Flat, C-contiguous wire data for ``x``; ``x``'s own memory only when unchanged."""
+        if x.dtype == np.bool_:
+            return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+        flat = np.ascontiguousarray(x, dtype=self.wire_dtype).reshape(-1)
+        if isinstance(self.op, PremulSum):
+            factor = np.asarray(self.op.factor, dtype=self.wire_dtype)
+            scaled: np.ndarray = np.multiply(flat, factor, dtype=self.wire_dtype)
+            return scaled
+        return flat
+
+    def finish(self, y: np.ndarray) -> np.ndarray:
+        """Turn the reduced wire buffer ``y`` (fcoll's own, so reusable) into the result."""
+        if self.op is ReduceOp.AVG:
+            np.divide(y, self.n, out=y)
+        if self.wire_dtype is not self.dtype:
+            return y.view(np.bool_) if self.dtype == np.bool_ else y.astype(self.dtype)
+        return y
 
     def allreduce(self, comm: Any, wire: np.ndarray) -> np.ndarray:
         if self.ufunc is None:
@@ -50,9 +73,14 @@ class ReductionPlan:
             return backend.reduce_scatter_block(comm, wire, self.mpi_op)
         return backend.reduce_scatter(comm, wire, counts, self.mpi_op)
 
-    def finish(self, y: np.ndarray) -> np.ndarray:
-        """Turn the reduced wire buffer ``y`` (fcoll's own) into the result dtype."""
-        return from_wire(y, self.dtype, self.op, self.n)
+
+def _fold_ufunc(op: ReduceOp | PremulSum, wire: np.dtype[Any], n: int) -> np.ufunc | None:
+    """The ufunc fcoll folds with, or None where MPI's result is already order-free."""
+    if wire.kind not in "fc":
+        return None
+    if isinstance(op, PremulSum):
+        return None if n <= 2 else np.add
+    return None if n <= 2 and op in _COMMUTATIVE_EXACT else _UFUNCS[op]
 
 
 @functools.lru_cache(maxsize=512)
@@ -60,10 +88,9 @@ def _plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPlan:
     resolved = resolve_op(op, fn)
     check_op(resolved, dtype, fn)
     on_wire = wire_op(resolved, dtype)
-    ufunc = None
-    if wire_dtype(dtype).kind in "fc":
-        ufunc = np.add if isinstance(on_wire, PremulSum) else _UFUNCS[on_wire]
-    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, n)
+    wire = wire_dtype(dtype)
+    wire = dtype if wire == dtype else wire  # identity lets finish() test with `is`
+    return ReductionPlan(resolved, mpi_op(on_wire), _fold_ufunc(on_wire, wire, n), dtype, wire, n)
 
 
 def reduction_plan(x: np.ndarray, op: object, n: int, fn: str) -> ReductionPlan:

@@ -15,7 +15,7 @@ import numpy as np
 from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
 from fcoll.collectives._plan import reduction_plan
-from fcoll.dtypes import as_bytes, to_wire
+from fcoll.dtypes import as_bytes
 from fcoll.group import Group, resolve_group
 from fcoll.ops import Op
 
@@ -69,7 +69,7 @@ def all_reduce_coalesced(
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
-        flat = np.concatenate([to_wire(x, plan.op) for x in same])
+        flat = np.concatenate([plan.wire(x) for x in same])
         y = plan.finish(plan.allreduce(comm, flat))
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
@@ -123,7 +123,7 @@ def reduce_scatter_tensor_coalesced(
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
-        blocks = np.concatenate([to_wire(x, plan.op).reshape(n, x.size // n) for x in same], axis=1)
+        blocks = np.concatenate([plan.wire(x).reshape(n, x.size // n) for x in same], axis=1)
         y = plan.finish(plan.reduce_scatter(comm, blocks.reshape(-1), [blocks.shape[1]] * n))
         shapes = [(x.shape[0] // n, *x.shape[1:]) for x in same]
         return _split(y, [x.size // n for x in same], shapes)

@@ -12,7 +12,6 @@ import numpy as np
 
 from fcoll._validate import check_array, check_arrays, check_dim, check_rank
 from fcoll.collectives._plan import reduction_plan
-from fcoll.dtypes import to_wire
 from fcoll.group import Group, resolve_group
 from fcoll.ops import Op
 
@@ -37,7 +36,7 @@ def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndar
     g = resolve_group(group, "all_reduce")
     comm = g.comm("all_reduce")
     plan = reduction_plan(check_array(x, "all_reduce"), op, g.size, "all_reduce")
-    y = plan.allreduce(comm, to_wire(x, plan.op))
+    y = plan.allreduce(comm, plan.wire(x))
     return plan.finish(y).reshape(x.shape)
 
 
@@ -53,7 +52,7 @@ def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) 
     comm = g.comm("reduce")
     root = check_rank(dst, g.size, "reduce", "dst")
     plan = reduction_plan(check_array(x, "reduce"), op, g.size, "reduce")
-    y = plan.reduce(comm, to_wire(x, plan.op), root)
+    y = plan.reduce(comm, plan.wire(x), root)
     return None if y is None else plan.finish(y).reshape(x.shape)
 
 
@@ -85,7 +84,7 @@ def reduce_scatter_tensor(
                          f"size {n}, got shape {x.shape}")
     plan = reduction_plan(x, op, n, fn)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
-    y = plan.reduce_scatter(comm, to_wire(blocks, plan.op), [x.size // n] * n)
+    y = plan.reduce_scatter(comm, plan.wire(blocks), [x.size // n] * n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     return plan.finish(y).reshape(out_shape)
 
@@ -106,6 +105,6 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
     comm = g.comm(fn)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     plan = reduction_plan(arrays[0], op, g.size, fn)
-    flat = np.concatenate([to_wire(a, plan.op) for a in arrays])
+    flat = np.concatenate([plan.wire(a) for a in arrays])
     y = plan.reduce_scatter(comm, flat, [a.size for a in arrays])
     return plan.finish(y).reshape(arrays[g.rank].shape)
