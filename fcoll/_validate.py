@@ -6,12 +6,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fcoll.dtypes import check_dtype
+from fcoll.dtypes import SUPPORTED, check_dtype
 
 
 def check_array(x: object, fn: str, name: str = "x") -> np.ndarray:
     """Return ``x`` if it is a numpy array of a supported dtype; else raise `TypeError`."""
-    if type(x) is not np.ndarray and not isinstance(x, np.ndarray):
+    if type(x) is np.ndarray and x.dtype in SUPPORTED:
+        return x
+    if not isinstance(x, np.ndarray):
         hint = "; pass np.asarray(...)" if isinstance(x, (list, tuple, int, float, complex,
                                                             bool, np.generic)) else ""
         raise TypeError(f"{fn}: expected {name} to be a numpy.ndarray, "

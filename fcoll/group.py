@@ -33,6 +33,7 @@ class Group:
         self._comm = comm
         self._ranks = tuple(int(r) for r in ranks)
         self._rank = comm.Get_rank() if comm is not None else -1
+        self._size = len(self._ranks) if comm is not None else -1
         self._destroyed = False
         self.timeout = timeout
 
@@ -48,7 +49,7 @@ class Group:
     @property
     def size(self) -> int:
         """The number of processes in the group, or -1 on a non-member."""
-        return len(self._ranks) if self._comm is not None else -1
+        return self._size
 
     @property
     def ranks(self) -> tuple[int, ...]:

@@ -9,7 +9,6 @@ multiplication are commutative), so MPI's own op is used there.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fold
-from fcoll.dtypes import check_op, wire_dtype, wire_op
+from fcoll.dtypes import check_dtype, check_op, wire_dtype, wire_op
 from fcoll.ops import PremulSum, ReduceOp, mpi_op, resolve_op
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
@@ -36,12 +35,15 @@ class ReductionPlan:
     dtype: np.dtype[Any]
     wire_dtype: np.dtype[Any]
     n: int
+    is_bool: bool
 
     def wire(self, x: np.ndarray) -> np.ndarray:
-        """Flat, C-contiguous wire data for ``x``; ``x``'s own memory only when unchanged."""
-        if x.dtype == np.bool_:
-            return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-        flat = np.ascontiguousarray(x, dtype=self.wire_dtype).reshape(-1)
+        """Flat, C-ordered wire data for ``x``; ``x``'s own memory only when unchanged."""
+        flat = x.ravel()  # a view when x is C-contiguous, else a C-ordered copy
+        if self.is_bool:
+            return flat.view(np.uint8)
+        if self.wire_dtype is not self.dtype:
+            flat = flat.astype(self.wire_dtype)
         if isinstance(self.op, PremulSum):
             factor = np.asarray(self.op.factor, dtype=self.wire_dtype)
             scaled: np.ndarray = np.multiply(flat, factor, dtype=self.wire_dtype)
@@ -53,7 +55,7 @@ class ReductionPlan:
         if self.op is ReduceOp.AVG:
             np.divide(y, self.n, out=y)
         if self.wire_dtype is not self.dtype:
-            return y.view(np.bool_) if self.dtype == np.bool_ else y.astype(self.dtype)
+            return y.view(np.bool_) if self.is_bool else y.astype(self.dtype)
         return y
 
     def allreduce(self, comm: Any, wire: np.ndarray) -> np.ndarray:
@@ -83,21 +85,31 @@ def _fold_ufunc(op: ReduceOp | PremulSum, wire: np.dtype[Any], n: int) -> np.ufu
     return None if n <= 2 and op in _COMMUTATIVE_EXACT else _UFUNCS[op]
 
 
-@functools.lru_cache(maxsize=512)
 def _plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPlan:
+    check_dtype(dtype, fn)
     resolved = resolve_op(op, fn)
     check_op(resolved, dtype, fn)
     on_wire = wire_op(resolved, dtype)
     wire = wire_dtype(dtype)
-    wire = dtype if wire == dtype else wire  # identity lets finish() test with `is`
-    return ReductionPlan(resolved, mpi_op(on_wire), _fold_ufunc(on_wire, wire, n), dtype, wire, n)
+    wire = dtype if wire == dtype else wire  # identity lets wire()/finish() test with `is`
+    ufunc = _fold_ufunc(on_wire, wire, n)
+    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, dtype == np.bool_)
+
+
+_PLANS: dict[tuple[object, np.dtype[Any], int], ReductionPlan] = {}
 
 
 def reduction_plan(x: np.ndarray, op: object, n: int, fn: str) -> ReductionPlan:
-    """The plan for reducing ``x`` with ``op`` over ``n`` ranks; raises for bad ops."""
+    """The plan for reducing ``x`` (a checked ndarray) with ``op`` over ``n`` ranks.
+
+    Raises the documented errors for a bad dtype or op. Plans are cached per
+    ``(op, dtype, n)``; ops that cannot be hashed are planned afresh.
+    """
+    key = (op, x.dtype, n)
     try:
+        return _PLANS[key]
+    except KeyError:
+        plan = _PLANS[key] = _plan(op, x.dtype, n, fn)
+        return plan
+    except TypeError:  # unhashable op: _plan raises the right error for it
         return _plan(op, x.dtype, n, fn)
-    except TypeError as error:
-        if "unhashable" not in str(error):
-            raise
-        return _plan.__wrapped__(op, x.dtype, n, fn)
