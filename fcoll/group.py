@@ -199,6 +199,14 @@ def resolve_group(group: object, fn: str) -> Group:
                     f"got {type(group).__name__}")
 
 
+def member(group: object, fn: str) -> tuple[Group, Any]:
+    """`resolve_group` plus the group's communicator; `ValueError` unless a live member."""
+    g = resolve_group(group, fn) if group is not None else _runtime.world()
+    if g._comm is None or g._destroyed:
+        g.comm(fn)  # raises the documented error
+    return g, g._comm
+
+
 def get_rank(group: Group | Sequence[int] | None = None) -> int:
     """This process's rank in ``group`` (the job when ``None``); -1 on a non-member.
 

@@ -1,8 +1,10 @@
-"""The MPI transport: mpi4py's buffer methods on flat, C-contiguous numpy buffers.
+"""The MPI transport: mpi4py's buffer methods on C-contiguous numpy buffers.
 
-Every function takes the group's communicator and fcoll-owned or read-only send buffers,
-and returns a freshly allocated result; none validates its arguments (callers do).
-Byte buffers travel as ``MPI.BYTE``; reduction buffers as their numpy dtype.
+Every function takes the group's communicator and C-contiguous buffers; none validates
+its arguments or applies dtype policy (callers do). Reductions allocate their result and
+travel as the buffer's numpy dtype. Data movement writes into the ``out`` array the
+caller allocated (its final dtype and shape) and travels as ``MPI.BYTE``, so any dtype,
+bfloat16 included, moves bit-exact; counts of the ``v`` variants are in bytes.
 """
 
 from __future__ import annotations
@@ -51,46 +53,50 @@ def bcast(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
     return buf
 
 
-def allgather(comm: Any, send: np.ndarray) -> np.ndarray:
-    out = np.empty(send.size * comm.Get_size(), np.uint8)
+def allgather(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     comm.Allgather([send, BYTE], [out, BYTE])
     return out
 
 
-def allgatherv(comm: Any, send: np.ndarray, counts: Sequence[int]) -> np.ndarray:
-    out = np.empty(sum(counts), np.uint8)
+def allgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """``counts`` in bytes, one per rank."""
     comm.Allgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
     return out
 
 
-def gatherv(comm: Any, send: np.ndarray, counts: Sequence[int], root: int) -> np.ndarray | None:
+def gatherv(
+    comm: Any, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int
+) -> np.ndarray | None:
+    """``out`` and ``counts`` (bytes) are read on ``root`` only."""
     if comm.Get_rank() != root:
         comm.Gatherv([send, BYTE], None, root)
         return None
-    out = np.empty(sum(counts), np.uint8)
     comm.Gatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root)
     return out
 
 
 def scatterv(
-    comm: Any, send: np.ndarray | None, counts: Sequence[int], root: int
+    comm: Any, send: np.ndarray | None, counts: Sequence[int], out: np.ndarray, root: int
 ) -> np.ndarray:
-    out = np.empty(counts[comm.Get_rank()], np.uint8)
+    """``send`` and ``counts`` (bytes) are read on ``root`` only."""
     spec = None if send is None else [send, (list(counts), _displs(counts)), BYTE]
     comm.Scatterv(spec, [out, BYTE], root)
     return out
 
 
-def alltoall(comm: Any, send: np.ndarray) -> np.ndarray:
-    out = np.empty_like(send)
+def alltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     comm.Alltoall([send, BYTE], [out, BYTE])
     return out
 
 
 def alltoallv(
-    comm: Any, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]
+    comm: Any,
+    send: np.ndarray,
+    send_counts: Sequence[int],
+    out: np.ndarray,
+    recv_counts: Sequence[int],
 ) -> np.ndarray:
-    out = np.empty(sum(recv_counts), np.uint8)
+    """Counts in bytes, one per rank."""
     comm.Alltoallv(
         [send, (list(send_counts), _displs(send_counts)), BYTE],
         [out, (list(recv_counts), _displs(recv_counts)), BYTE],

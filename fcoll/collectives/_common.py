@@ -14,6 +14,11 @@ def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+def c_order(x: np.ndarray) -> np.ndarray:
+    """``x`` if C-contiguous, else a C-ordered copy (0-d stays 0-d)."""
+    return x if x.flags.c_contiguous else np.asarray(x, order="C")
+
+
 def from_bytes(buf: np.ndarray, dtype: np.dtype[Any], shape: Sequence[int]) -> np.ndarray:
     """View the flat uint8 buffer ``buf`` (fcoll's own) as an array of ``dtype`` and ``shape``."""
     return buf.view(dtype).reshape(tuple(shape))

@@ -46,12 +46,12 @@ def reduce_scatter(
 ) -> np.ndarray:
     """Block ``rank`` (``counts[rank]`` elements) of the reduction of flat ``wire``."""
     n, me, size = comm.Get_size(), comm.Get_rank(), wire.itemsize
+    recv = np.empty((n, counts[me]), wire.dtype)
     if counts.count(counts[0]) == n:
-        recv = backend.alltoall(comm, wire.view(np.uint8))
+        backend.alltoall(comm, wire, recv)
     else:
-        recv = backend.alltoallv(comm, wire.view(np.uint8), [c * size for c in counts],
-                                 [counts[me] * size] * n)
-    return fold(recv.view(wire.dtype).reshape(n, counts[me]), ufunc)
+        backend.alltoallv(comm, wire, [c * size for c in counts], recv, [counts[me] * size] * n)
+    return fold(recv, ufunc)
 
 
 def allreduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
@@ -60,21 +60,23 @@ def allreduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     if n == 1:
         return wire.copy()
     if wire.nbytes <= GATHER_LIMIT:
-        rows = backend.allgather(comm, wire.view(np.uint8)).view(wire.dtype)
-        return fold(rows.reshape(n, wire.size), ufunc)
+        rows = backend.allgather(comm, wire, np.empty((n, wire.size), wire.dtype))
+        return fold(rows, ufunc)
     counts = _blocks(wire.size, n)
     mine = reduce_scatter(comm, wire, counts, ufunc)
     size = wire.itemsize
-    return backend.allgatherv(comm, mine.view(np.uint8), [c * size for c in counts]).view(wire.dtype)
+    out = np.empty(wire.size, wire.dtype)
+    return backend.allgatherv(comm, mine, out, [c * size for c in counts])
 
 
 def reduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarray | None:
     """The reduction of every rank's flat ``wire`` on ``root``; ``None`` elsewhere."""
     n, size = comm.Get_size(), wire.itemsize
     if wire.nbytes <= GATHER_LIMIT:
-        rows = backend.gatherv(comm, wire.view(np.uint8), [wire.nbytes] * n, root)
-        return None if rows is None else fold(rows.view(wire.dtype).reshape(n, wire.size), ufunc)
+        rows = np.empty((n, wire.size), wire.dtype) if comm.Get_rank() == root else None
+        got = backend.gatherv(comm, wire, rows, [wire.nbytes] * n, root)
+        return None if got is None else fold(got, ufunc)
     counts = _blocks(wire.size, n)
     mine = reduce_scatter(comm, wire, counts, ufunc)
-    out = backend.gatherv(comm, mine.view(np.uint8), [c * size for c in counts], root)
-    return None if out is None else out.view(wire.dtype)
+    out = np.empty(wire.size, wire.dtype) if comm.Get_rank() == root else None
+    return backend.gatherv(comm, mine, out, [c * size for c in counts], root)

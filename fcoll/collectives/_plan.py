@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fold
 from fcoll.dtypes import check_dtype, check_op, wire_dtype, wire_op
@@ -36,22 +37,25 @@ class ReductionPlan:
     wire_dtype: np.dtype[Any]
     n: int
     is_bool: bool
+    simple: bool  # the wire is x's own data and the result needs no conversion
 
     def wire(self, x: np.ndarray) -> np.ndarray:
-        """Flat, C-ordered wire data for ``x``; ``x``'s own memory only when unchanged."""
-        flat = x.ravel()  # a view when x is C-contiguous, else a C-ordered copy
+        """C-contiguous wire data of ``x``'s shape; ``x`` itself when nothing changes."""
+        if self.simple:
+            return x if x.flags.c_contiguous else np.asarray(x, order="C")
         if self.is_bool:
-            return flat.view(np.uint8)
-        if self.wire_dtype is not self.dtype:
-            flat = flat.astype(self.wire_dtype)
+            return np.asarray(x, order="C").view(np.uint8)
+        data = np.asarray(x, dtype=self.wire_dtype, order="C")
         if isinstance(self.op, PremulSum):
             factor = np.asarray(self.op.factor, dtype=self.wire_dtype)
-            scaled: np.ndarray = np.multiply(flat, factor, dtype=self.wire_dtype)
+            scaled: np.ndarray = np.multiply(data, factor, dtype=self.wire_dtype)
             return scaled
-        return flat
+        return data
 
     def finish(self, y: np.ndarray) -> np.ndarray:
         """Turn the reduced wire buffer ``y`` (fcoll's own, so reusable) into the result."""
+        if self.simple:
+            return y
         if self.op is ReduceOp.AVG:
             np.divide(y, self.n, out=y)
         if self.wire_dtype is not self.dtype:
@@ -61,14 +65,16 @@ class ReductionPlan:
     def allreduce(self, comm: Any, wire: np.ndarray) -> np.ndarray:
         if self.ufunc is None:
             return backend.allreduce(comm, wire, self.mpi_op)
-        return _fold.allreduce(comm, wire, self.ufunc)
+        return _fold.allreduce(comm, wire.reshape(-1), self.ufunc).reshape(wire.shape)
 
     def reduce(self, comm: Any, wire: np.ndarray, root: int) -> np.ndarray | None:
         if self.ufunc is None:
             return backend.reduce(comm, wire, self.mpi_op, root)
-        return _fold.reduce(comm, wire, self.ufunc, root)
+        y = _fold.reduce(comm, wire.reshape(-1), self.ufunc, root)
+        return None if y is None else y.reshape(wire.shape)
 
     def reduce_scatter(self, comm: Any, wire: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+        wire = wire.reshape(-1)
         if self.ufunc is not None:
             return _fold.reduce_scatter(comm, wire, counts, self.ufunc)
         if len(set(counts)) == 1:
@@ -93,18 +99,23 @@ def _plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPlan:
     wire = wire_dtype(dtype)
     wire = dtype if wire == dtype else wire  # identity lets wire()/finish() test with `is`
     ufunc = _fold_ufunc(on_wire, wire, n)
-    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, dtype == np.bool_)
+    is_bool = dtype == np.bool_
+    simple = wire is dtype and not is_bool and resolved is not ReduceOp.AVG and not isinstance(
+        resolved, PremulSum)
+    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple)
 
 
 _PLANS: dict[tuple[object, np.dtype[Any], int], ReductionPlan] = {}
 
 
 def reduction_plan(x: np.ndarray, op: object, n: int, fn: str) -> ReductionPlan:
-    """The plan for reducing ``x`` (a checked ndarray) with ``op`` over ``n`` ranks.
+    """The plan for reducing ``x`` with ``op`` over ``n`` ranks.
 
-    Raises the documented errors for a bad dtype or op. Plans are cached per
-    ``(op, dtype, n)``; ops that cannot be hashed are planned afresh.
+    Raises the documented errors for a non-array ``x``, a bad dtype or op. Plans are
+    cached per ``(op, dtype, n)``; ops that cannot be hashed are planned afresh.
     """
+    if type(x) is not np.ndarray:
+        check_array(x, fn)
     key = (op, x.dtype, n)
     try:
         return _PLANS[key]

@@ -16,7 +16,7 @@ from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
 from fcoll.collectives._plan import reduction_plan
 from fcoll.dtypes import as_bytes
-from fcoll.group import Group, resolve_group
+from fcoll.group import Group, member
 from fcoll.ops import Op
 
 GroupArg = Group | Sequence[int] | None
@@ -62,14 +62,13 @@ def all_reduce_coalesced(
         [array([2., 2.]), array([0, 2, 4])]
     """
     fn = "all_reduce_coalesced"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     arrays = _checked(xs, fn)
     plans = {x.dtype: reduction_plan(x, op, g.size, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
-        flat = np.concatenate([plan.wire(x) for x in same])
+        flat = np.concatenate([plan.wire(x).reshape(-1) for x in same])
         y = plan.finish(plan.allreduce(comm, flat))
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
@@ -86,13 +85,12 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
                [1, 1]])]
     """
     fn = "all_gather_into_tensor_coalesced"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
     if not arrays:
         return []
     send = np.concatenate([as_bytes(x) for x in arrays])
-    gathered = backend.allgather(comm, send).reshape(g.size, send.size)
+    gathered = backend.allgather(comm, send, np.empty((g.size, send.size), np.uint8))
     offsets = np.cumsum([0, *(x.nbytes for x in arrays)]).tolist()
     return [
         np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(g.size * x.shape[0], *x.shape[1:])
@@ -112,8 +110,8 @@ def reduce_scatter_tensor_coalesced(
                [2.]])]
     """
     fn = "reduce_scatter_tensor_coalesced"
-    g = resolve_group(group, fn)
-    comm, n = g.comm(fn), g.size
+    g, comm = member(group, fn)
+    n = g.size
     arrays = _checked(xs, fn)
     for i, x in enumerate(arrays):
         if x.ndim == 0 or x.shape[0] % n:

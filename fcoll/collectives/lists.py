@@ -13,9 +13,9 @@ import numpy as np
 
 from fcoll._validate import check_array, check_arrays, check_rank
 from fcoll.backends import mpi as backend
-from fcoll.collectives._common import nbytes_of, split_bytes
+from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dtypes import as_bytes, dtype_from_name
-from fcoll.group import Group, resolve_group
+from fcoll.group import Group, member
 
 GroupArg = Group | Sequence[int] | None
 
@@ -41,12 +41,12 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
         [array([0]), array([0, 1])]
     """
     fn = "all_gather"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    _, comm = member(group, fn)
     meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
-    buf = backend.allgatherv(comm, as_bytes(x), [nbytes_of(s, dtype) for s in shapes])
+    counts = [nbytes_of(s, dtype) for s in shapes]
+    buf = backend.allgatherv(comm, c_order(x), np.empty(sum(counts), np.uint8), counts)
     return split_bytes(buf, dtype, shapes)
 
 
@@ -59,13 +59,14 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
         [array([0]), array([1])]
     """
     fn = "gather"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     root = check_rank(dst, g.size, fn, "dst")
     meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
-    buf = backend.gatherv(comm, as_bytes(x), [nbytes_of(s, dtype) for s in shapes], root)
+    counts = [nbytes_of(s, dtype) for s in shapes]
+    out = np.empty(sum(counts), np.uint8) if g.rank == root else None
+    buf = backend.gatherv(comm, c_order(x), out, counts, root)
     return None if buf is None else split_bytes(buf, dtype, shapes)
 
 
@@ -78,8 +79,7 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
         array([11])
     """
     fn = "scatter"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     root = check_rank(src, g.size, fn, "src")
     if g.rank != root:
         if chunks is not None:
@@ -87,21 +87,12 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
                              f"got {type(chunks).__name__} on rank {g.rank}")
         shape, name = backend.scatter_obj(comm, None, root)
         dtype = dtype_from_name(name)
-        buf = backend.scatterv(comm, None, _counts_here(comm, g.rank, shape, dtype), root)
-        return buf.view(dtype).reshape(shape)
+        return backend.scatterv(comm, None, [], np.empty(shape, dtype), root)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     backend.scatter_obj(comm, [_meta(a) for a in arrays], root)
     counts = [a.nbytes for a in arrays]
     send = np.concatenate([as_bytes(a) for a in arrays])
-    buf = backend.scatterv(comm, send, counts, root)
-    return buf.view(arrays[root].dtype).reshape(arrays[root].shape)
-
-
-def _counts_here(comm: Any, rank: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> list[int]:
-    """Receive counts for Scatterv on a non-root: only this rank's entry is read."""
-    counts = [0] * comm.Get_size()
-    counts[rank] = nbytes_of(shape, dtype)
-    return counts
+    return backend.scatterv(comm, send, counts, np.empty_like(arrays[root], order="C"), root)
 
 
 def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.ndarray]:
@@ -114,13 +105,13 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
         [array([0, 1]), array([1, 1])]
     """
     fn = "all_to_all"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     meta = backend.allgather_obj(comm, [_meta(a) for a in arrays])
     dtype = _one_dtype([row[0][1] for row in meta], fn)
     shapes = [meta[p][g.rank][0] for p in range(g.size)]
     send = np.concatenate([as_bytes(a) for a in arrays])
+    counts = [nbytes_of(s, dtype) for s in shapes]
     buf = backend.alltoallv(comm, send, [a.nbytes for a in arrays],
-                            [nbytes_of(s, dtype) for s in shapes])
+                            np.empty(sum(counts), np.uint8), counts)
     return split_bytes(buf, dtype, shapes)

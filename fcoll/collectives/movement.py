@@ -13,9 +13,8 @@ import numpy as np
 
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
-from fcoll.collectives._common import dim_back, dim_first, from_bytes, nbytes_of
-from fcoll.dtypes import as_bytes
-from fcoll.group import Group, resolve_group
+from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
+from fcoll.group import Group, member
 
 GroupArg = Group | Sequence[int] | None
 
@@ -30,15 +29,11 @@ def broadcast(x: np.ndarray, src: int = 0, group: GroupArg = None) -> np.ndarray
         >>> y                                           # on every rank
         array([1])
     """
-    g = resolve_group(group, "broadcast")
-    comm = g.comm("broadcast")
+    g, comm = member(group, "broadcast")
     root = check_rank(src, g.size, "broadcast", "src")
     check_array(x, "broadcast")
-    if g.rank == root:
-        buf = np.array(x, order="C", copy=True).reshape(-1).view(np.uint8)
-    else:
-        buf = np.empty(x.nbytes, np.uint8)
-    return from_bytes(backend.bcast(comm, buf, root), x.dtype, x.shape)
+    buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
+    return backend.bcast(comm, buf, root)
 
 
 def barrier(group: GroupArg = None) -> None:
@@ -47,7 +42,7 @@ def barrier(group: GroupArg = None) -> None:
     Example:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
-    backend.barrier(resolve_group(group, "barrier").comm("barrier"))
+    backend.barrier(member(group, "barrier")[1])
 
 
 def _gathered_shape(x: np.ndarray, dim: int, total: int) -> tuple[int, ...]:
@@ -82,8 +77,8 @@ def _all_gather_v(comm: Any, x: np.ndarray, dim: int, sizes: list[int] | None) -
         raise ValueError(f"{fn}: ranks disagree: {problem}")
     lengths = [m[0][dim] for m in meta]
     row = nbytes_of(_gathered_shape(x, dim, 1), x.dtype)
-    buf = backend.allgatherv(comm, as_bytes(dim_first(x, dim)), [s * row for s in lengths])
-    return from_bytes(buf, x.dtype, _gathered_shape(x, dim, sum(lengths)))
+    out = np.empty(_gathered_shape(x, dim, sum(lengths)), x.dtype)
+    return backend.allgatherv(comm, c_order(dim_first(x, dim)), out, [s * row for s in lengths])
 
 
 def all_gather_into_tensor(
@@ -107,15 +102,13 @@ def all_gather_into_tensor(
                [1, 1]])
     """
     fn = "all_gather_into_tensor"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     check_array(x, fn)
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
     if sizes is None:
-        buf = backend.allgather(comm, as_bytes(dim_first(x, dim)))
-        y = from_bytes(buf, x.dtype, _gathered_shape(x, dim, x.shape[dim] * g.size))
-        return dim_back(y, dim)
+        out = np.empty(_gathered_shape(x, dim, x.shape[dim] * g.size), x.dtype)
+        return dim_back(backend.allgather(comm, c_order(dim_first(x, dim)), out), dim)
     checked = None if isinstance(sizes, str) and sizes == "auto" else check_sizes(
         sizes, g.size, fn, "sizes")
     if checked is not None and checked[g.rank] != x.shape[dim]:
@@ -166,14 +159,14 @@ def all_to_all_single(
         array([ 1, 11])
     """
     fn = "all_to_all_single"
-    g = resolve_group(group, fn)
-    comm, n = g.comm(fn), g.size
+    g, comm = member(group, fn)
+    n = g.size
     check_array(x, fn)
     if x.ndim == 0:
         raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
     if output_split_sizes is None and input_split_sizes is None:
         _even_splits(x, n, fn)
-        return from_bytes(backend.alltoall(comm, as_bytes(x)), x.dtype, x.shape)
+        return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
     ins = (_even_splits(x, n, fn) if input_split_sizes is None
            else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))
     if sum(ins) != x.shape[0]:
@@ -187,5 +180,6 @@ def all_to_all_single(
         raise ValueError(f"{fn}: ranks disagree: {problem}")
     received = [meta[p][0][g.rank] for p in range(n)]
     row = nbytes_of(x.shape[1:], x.dtype)
-    buf = backend.alltoallv(comm, as_bytes(x), [s * row for s in ins], [s * row for s in received])
-    return from_bytes(buf, x.dtype, (sum(received), *x.shape[1:]))
+    out = np.empty((sum(received), *x.shape[1:]), x.dtype)
+    return backend.alltoallv(comm, c_order(x), [s * row for s in ins], out,
+                             [s * row for s in received])

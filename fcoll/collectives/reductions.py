@@ -12,7 +12,7 @@ import numpy as np
 
 from fcoll._validate import check_array, check_arrays, check_dim, check_rank
 from fcoll.collectives._plan import reduction_plan
-from fcoll.group import Group, resolve_group
+from fcoll.group import Group, member
 from fcoll.ops import Op
 
 GroupArg = Group | Sequence[int] | None
@@ -33,11 +33,9 @@ def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndar
         >>> y                                           # on every rank
         array([10.])
     """
-    g = resolve_group(group, "all_reduce")
-    comm = g.comm("all_reduce")
-    plan = reduction_plan(check_array(x, "all_reduce"), op, g.size, "all_reduce")
-    y = plan.allreduce(comm, plan.wire(x))
-    return plan.finish(y).reshape(x.shape)
+    g, comm = member(group, "all_reduce")
+    plan = reduction_plan(x, op, g.size, "all_reduce")
+    return plan.finish(plan.allreduce(comm, plan.wire(x)))
 
 
 def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) -> np.ndarray | None:
@@ -48,12 +46,11 @@ def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) 
         >>> y                                            # rank 0; None on ranks 1, 2
         array([6])
     """
-    g = resolve_group(group, "reduce")
-    comm = g.comm("reduce")
+    g, comm = member(group, "reduce")
     root = check_rank(dst, g.size, "reduce", "dst")
-    plan = reduction_plan(check_array(x, "reduce"), op, g.size, "reduce")
+    plan = reduction_plan(x, op, g.size, "reduce")
     y = plan.reduce(comm, plan.wire(x), root)
-    return None if y is None else plan.finish(y).reshape(x.shape)
+    return None if y is None else plan.finish(y)
 
 
 def _blocks_first(x: np.ndarray, dim: int, n: int) -> np.ndarray:
@@ -75,8 +72,7 @@ def reduce_scatter_tensor(
         array([0., 2.])
     """
     fn = "reduce_scatter_tensor"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     dim = check_dim(check_array(x, fn), scatter_dim, fn, "scatter_dim")
     n = g.size
     if x.shape[dim] % n:
@@ -101,10 +97,9 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         array([2., 2.])
     """
     fn = "reduce_scatter"
-    g = resolve_group(group, fn)
-    comm = g.comm(fn)
+    g, comm = member(group, fn)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     plan = reduction_plan(arrays[0], op, g.size, fn)
-    flat = np.concatenate([plan.wire(a) for a in arrays])
+    flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])
     y = plan.reduce_scatter(comm, flat, [a.size for a in arrays])
     return plan.finish(y).reshape(arrays[g.rank].shape)
