@@ -49,9 +49,28 @@ def mpi() -> Any:
         )
     mpi4py.rc.thread_level = level
     _memory.keep_freed_pages()
+    _yield_when_oversubscribed()
     from mpi4py import MPI
 
     return MPI
+
+
+# MPICH's shared-memory algorithms for these collectives spin without yielding below
+# THREAD_MULTIPLE: with more ranks than cores, one 1 MiB all_reduce took seconds instead
+# of milliseconds here (docs/performance.md). Its generic algorithms do not.
+_MPICH_SPINNING = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM",
+                   "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
+                   "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM")
+
+
+def _yield_when_oversubscribed() -> None:
+    """Pick MPICH's non-spinning algorithms when this node runs more ranks than cores."""
+    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local is None or not local.isdigit():
+        return
+    if int(local) > len(os.sched_getaffinity(0)):
+        for name in _MPICH_SPINNING:
+            os.environ.setdefault(name, "mpir")
 
 
 def to_seconds(timeout: Timeout, name: str = "timeout") -> float | None:

@@ -51,7 +51,7 @@ def check_rank(rank: object, size: int, fn: str, name: str) -> int:
 
 def check_dim(x: np.ndarray, dim: object, fn: str, name: str) -> int:
     """A dimension of ``x``, negative counting from the end."""
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+    if type(dim) is not int and (not isinstance(dim, (int, np.integer)) or isinstance(dim, bool)):
         raise TypeError(f"{fn}: expected {name} to be an int, got {type(dim).__name__}")
     if x.ndim == 0:
         raise ValueError(f"{fn}: expected x with at least 1 dimension for {name}, "

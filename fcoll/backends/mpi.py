@@ -25,19 +25,20 @@ def _displs(counts: Sequence[int]) -> list[int]:
 
 
 def allreduce(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
-    out = np.empty_like(send)
+    out = np.empty(send.shape, send.dtype)
     comm.Allreduce(send, out, op)
     return out
 
 
 def reduce(comm: Any, send: np.ndarray, op: Any, root: int) -> np.ndarray | None:
-    out = np.empty_like(send) if comm.Get_rank() == root else None
+    out = np.empty(send.shape, send.dtype) if comm.Get_rank() == root else None
     comm.Reduce(send, out, op, root)
     return out
 
 
 def reduce_scatter_block(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
-    out = np.empty(send.size // comm.Get_size(), send.dtype)
+    """Block ``rank`` of ``send`` split evenly along axis 0, reduced."""
+    out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
     comm.Reduce_scatter_block(send, out, op)
     return out
 

@@ -24,6 +24,7 @@ from fcoll.ops import PremulSum, ReduceOp, mpi_op, resolve_op
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
 _COMMUTATIVE_EXACT = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT)
+_AVG = ReduceOp.AVG
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ReductionPlan:
     n: int
     is_bool: bool
     simple: bool  # the wire is x's own data and the result needs no conversion
+    direct: bool  # simple, and MPI's own op reduces it: a C-contiguous x goes as it is
 
     def wire(self, x: np.ndarray) -> np.ndarray:
         """C-contiguous wire data of ``x``'s shape; ``x`` itself when nothing changes."""
@@ -56,7 +58,7 @@ class ReductionPlan:
         """Turn the reduced wire buffer ``y`` (fcoll's own, so reusable) into the result."""
         if self.simple:
             return y
-        if self.op is ReduceOp.AVG:
+        if self.op is _AVG:
             np.divide(y, self.n, out=y)
         if self.wire_dtype is not self.dtype:
             return y.view(np.bool_) if self.is_bool else y.astype(self.dtype)
@@ -102,7 +104,8 @@ def _plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPlan:
     is_bool = dtype == np.bool_
     simple = wire is dtype and not is_bool and resolved is not ReduceOp.AVG and not isinstance(
         resolved, PremulSum)
-    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple)
+    direct = simple and ufunc is None
+    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple, direct)
 
 
 _PLANS: dict[tuple[object, np.dtype[Any], int], ReductionPlan] = {}

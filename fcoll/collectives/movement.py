@@ -104,6 +104,9 @@ def all_gather_into_tensor(
     fn = "all_gather_into_tensor"
     g, comm = member(group, fn)
     check_array(x, fn)
+    if sizes is None and type(gather_dim) is int and gather_dim == 0 and x.ndim and (
+            x.flags.c_contiguous):  # the common case
+        return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
     if sizes is None:
@@ -164,8 +167,9 @@ def all_to_all_single(
     check_array(x, fn)
     if x.ndim == 0:
         raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
-    if output_split_sizes is None and input_split_sizes is None:
-        _even_splits(x, n, fn)
+    if output_split_sizes is None and input_split_sizes is None:  # the common case
+        if x.shape[0] % n:
+            _even_splits(x, n, fn)  # raises
         return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
     ins = (_even_splits(x, n, fn) if input_split_sizes is None
            else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fcoll._validate import check_array, check_arrays, check_dim, check_rank
+from fcoll._validate import check_arrays, check_dim, check_rank
+from fcoll.backends import mpi as backend
 from fcoll.collectives._plan import reduction_plan
 from fcoll.group import Group, member
 from fcoll.ops import Op
@@ -35,6 +36,8 @@ def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndar
     """
     g, comm = member(group, "all_reduce")
     plan = reduction_plan(x, op, g.size, "all_reduce")
+    if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
+        return backend.allreduce(comm, x, plan.mpi_op)
     return plan.finish(plan.allreduce(comm, plan.wire(x)))
 
 
@@ -73,12 +76,15 @@ def reduce_scatter_tensor(
     """
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
-    dim = check_dim(check_array(x, fn), scatter_dim, fn, "scatter_dim")
     n = g.size
+    plan = reduction_plan(x, op, n, fn)
+    if (plan.direct and type(scatter_dim) is int and scatter_dim == 0 and x.ndim
+            and x.shape[0] % n == 0 and x.flags.c_contiguous):  # the common case
+        return backend.reduce_scatter_block(comm, x, plan.mpi_op)
+    dim = check_dim(x, scatter_dim, fn, "scatter_dim")
     if x.shape[dim] % n:
         raise ValueError(f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's "
                          f"size {n}, got shape {x.shape}")
-    plan = reduction_plan(x, op, n, fn)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     y = plan.reduce_scatter(comm, plan.wire(blocks), [x.size // n] * n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
