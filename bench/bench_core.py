@@ -66,12 +66,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, help="timed batches per impl (default 15; quick 7)")
     p.add_argument("--batch-ms", type=float,
                    help="target duration of one batch in ms (default 20; quick 10)")
+    p.add_argument("--drop-results", action="store_true",
+                   help="discard each fcoll result at once instead of holding it until the "
+                        "next call's returns (y = f(x) in a loop holds two outputs live)")
     p.add_argument("--max-iters", type=int, default=20000, help="cap on calls per batch")
+    p.add_argument("--max-cell-s", type=float,
+                   help="time budget of one (op, size) cell in s (default 6; quick 2): "
+                        "slower cells get fewer batches")
+    p.add_argument("--max-call-s", type=float, default=0.5,
+                   help="skip an op's larger sizes once one call of it took longer (s)")
     args = p.parse_args(argv)
     sizes = args.sizes and [parse_size(s) for a in args.sizes for s in a.split(",") if s]
     args.sizes = sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     args.batches = args.batches or (7 if args.quick else 15)
     args.batch_ms = args.batch_ms or (10.0 if args.quick else 20.0)
+    args.max_cell_s = args.max_cell_s or (2.0 if args.quick else 6.0)
     return args
 
 
@@ -94,67 +103,50 @@ class Case:
 
     op: str
     nbytes: int  # bytes of this rank's input
-    fcoll_call: Callable[[], Any]
+    fcoll_call: Callable[[], Any]  # the timed call: keeps or drops its result (--drop-results)
     raw_call: Callable[[], Any]
-    check: Callable[[], bool]
+    first_call: Callable[[], Any]  # fcoll's warm-up call, which keeps its result for check()
+    check: Callable[[], bool]  # fcoll's first result == raw's output; then drops it
     bus_bytes: int  # S: the larger buffer, as nccl-tests defines it
     bus_factor: float
 
 
-def make_case(op: str, nbytes: int, comm: Any, rank: int, n: int) -> Case:
+def make_case(op: str, nbytes: int, comm: Any, rank: int, n: int, keep: bool) -> Case:
     count = max(1, nbytes // DTYPE.itemsize)
     if op in ("reduce_scatter_tensor", "all_to_all_single"):
         count = -(-count // n) * n  # divisible by n: 8 B at n=4 becomes 16 B
     # Small integers: float32 sums are exact, so fcoll and raw must agree bit for bit.
     x = ((np.arange(count, dtype=np.int64) * 7 + rank) % 13).astype(DTYPE)
     nb = x.nbytes
-    last: dict[str, Any] = {}
-
+    fn: Callable[[np.ndarray], np.ndarray]
     if op == "all_reduce":
-        out = np.empty_like(x)
+        fn, out, bus, factor = fcoll.all_reduce, np.empty_like(x), nb, 2 * (n - 1) / n
+        raw = lambda: comm.Allreduce(x, out, MPI.SUM)  # noqa: E731
+    elif op == "all_gather_into_tensor":
+        fn, out, bus, factor = fcoll.all_gather_into_tensor, np.empty(count * n, DTYPE), nb * n, (n - 1) / n
+        raw = lambda: comm.Allgather(x, out)  # noqa: E731
+    elif op == "reduce_scatter_tensor":
+        fn, out, bus, factor = fcoll.reduce_scatter_tensor, np.empty(count // n, DTYPE), nb, (n - 1) / n
+        raw = lambda: comm.Reduce_scatter_block(x, out, MPI.SUM)  # noqa: E731
+    elif op == "all_to_all_single":
+        fn, out, bus, factor = fcoll.all_to_all_single, np.empty_like(x), nb, (n - 1) / n
+        raw = lambda: comm.Alltoall(x, out)  # noqa: E731
+    else:
+        raise ValueError(op)
+    # Keeping the result (y = f(x) in a loop) holds the previous output while the next is
+    # made: two live output buffers, against raw's one.
+    last: dict[str, np.ndarray] = {}
 
-        def fcall() -> Any:
-            last["f"] = fcoll.all_reduce(x)
+    def keep_call() -> None:
+        last["y"] = fn(x)
 
-        def rcall() -> Any:
-            comm.Allreduce(x, out, MPI.SUM)
+    def drop_call() -> None:
+        fn(x)
 
-        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
-                    nb, 2 * (n - 1) / n)
-    if op == "all_gather_into_tensor":
-        out = np.empty(count * n, DTYPE)
+    def check() -> bool:
+        return bool(np.array_equal(last.pop("y"), out))
 
-        def fcall() -> Any:
-            last["f"] = fcoll.all_gather_into_tensor(x)
-
-        def rcall() -> Any:
-            comm.Allgather(x, out)
-
-        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
-                    nb * n, (n - 1) / n)
-    if op == "reduce_scatter_tensor":
-        out = np.empty(count // n, DTYPE)
-
-        def fcall() -> Any:
-            last["f"] = fcoll.reduce_scatter_tensor(x)
-
-        def rcall() -> Any:
-            comm.Reduce_scatter_block(x, out, MPI.SUM)
-
-        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
-                    nb, (n - 1) / n)
-    if op == "all_to_all_single":
-        out = np.empty_like(x)
-
-        def fcall() -> Any:
-            last["f"] = fcoll.all_to_all_single(x)
-
-        def rcall() -> Any:
-            comm.Alltoall(x, out)
-
-        return Case(op, nb, fcall, rcall, lambda: np.array_equal(last["f"], out),
-                    nb, (n - 1) / n)
-    raise ValueError(op)
+    return Case(op, nb, keep_call if keep else drop_call, raw, keep_call, check, bus, factor)
 
 
 def timed(comm: Any, call: Callable[[], Any], iters: int) -> float:
@@ -174,26 +166,17 @@ def slowest(comm: Any, *local: float) -> np.ndarray:
     return out
 
 
-def measure(case: Case, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
-    # Warm up and calibrate with fixed call counts (every rank must make the same calls).
-    case.fcoll_call()
-    case.raw_call()
-    ok = bool(slowest(comm, 0.0 if case.check() else 1.0)[0] == 0.0)
-    est = slowest(comm, timed(comm, case.fcoll_call, 3), timed(comm, case.raw_call, 3))
-    iters = int(min(args.max_iters, max(2, args.batch_ms * 1e-3 / max(est.max(), 1e-9))))
-    f_times, r_times = [], []
-    for b in range(args.batches):  # alternate which impl goes first
-        if b % 2 == 0:
-            tf, tr = timed(comm, case.fcoll_call, iters), timed(comm, case.raw_call, iters)
-        else:
-            tr, tf = timed(comm, case.raw_call, iters), timed(comm, case.fcoll_call, iters)
-        mf, mr = slowest(comm, tf, tr)
-        f_times.append(mf)
-        r_times.append(mr)
+def one_call_each(case: Case, comm: Any) -> np.ndarray:
+    """Warm-up: one call of each impl, timed; the slowest rank's seconds ``[fcoll, raw]``."""
+    return slowest(comm, timed(comm, case.first_call, 1), timed(comm, case.raw_call, 1))
+
+
+def summarize(case: Case, f_times: list[float], r_times: list[float], iters: int,
+              ok: bool) -> dict[str, Any]:
     tf, tr = statistics.median(f_times), statistics.median(r_times)
     # The ratio pairs each fcoll batch with the raw batch next to it, so slow drift in the
     # machine's load cancels; its median is steadier than the ratio of the two medians.
-    ratio = statistics.median(f / r for f, r in zip(f_times, r_times))
+    ratio = statistics.median(f / r for f, r in zip(f_times, r_times, strict=True))
     return {
         "op": case.op,
         "bytes": case.nbytes,
@@ -208,9 +191,38 @@ def measure(case: Case, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         "fcoll_us_min": min(f_times) * 1e6,
         "raw_us_min": min(r_times) * 1e6,
         "iters": iters,
-        "batches": args.batches,
+        "batches": len(f_times),
         "correct": ok,
     }
+
+
+def measure(case: Case, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, calibrate, then ``batches`` alternating timed batches of each impl.
+
+    Every decision about call counts is taken from MAX-reduced times, so every rank makes
+    the same calls. A cell whose calls are too slow for ``--max-cell-s`` (seen with 4
+    ranks on 2 cores) gets fewer batches, or only its warm-up call as the measurement.
+    """
+    first = one_call_each(case, comm)  # warm-up: first touch of fresh pages etc.
+    ok = bool(slowest(comm, 0.0 if case.check() else 1.0)[0] == 0.0)
+    budget = args.max_cell_s
+    calls = 3 if first.max() < 1e-3 else 1
+    second = slowest(comm, timed(comm, case.fcoll_call, calls), timed(comm, case.raw_call, calls))
+    if 2 * 3 * second.max() > budget:  # not even 3 batches of 1 call: one sample each
+        return summarize(case, [float(second[0])], [float(second[1])], 1, ok)
+    est = max(second.max(), 1e-9)
+    iters = int(min(args.max_iters, max(1, args.batch_ms * 1e-3 / est)))
+    batches = int(min(args.batches, max(3, budget / (2 * iters * est))))
+    f_times, r_times = [], []
+    for b in range(batches):  # alternate which impl goes first
+        if b % 2 == 0:
+            tf, tr = timed(comm, case.fcoll_call, iters), timed(comm, case.raw_call, iters)
+        else:
+            tr, tf = timed(comm, case.raw_call, iters), timed(comm, case.fcoll_call, iters)
+        mf, mr = slowest(comm, tf, tr)
+        f_times.append(float(mf))
+        r_times.append(float(mr))
+    return summarize(case, f_times, r_times, iters, ok)
 
 
 def thread_level_name(level: int) -> str:
@@ -218,13 +230,14 @@ def thread_level_name(level: int) -> str:
     return names.get(level, str(level))
 
 
-def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path, warning: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=120)
     table = Table(title=(f"fcoll vs raw mpi4py — n={meta['n']}, thread level "
-                         f"{meta['thread_level']}, {meta['mpi_library']}"))
+                         f"{meta['thread_level']}, fcoll results {meta['fcoll_results']}, "
+                         f"{meta['mpi_library']}"))
     for name in ("op", "bytes", "fcoll µs", "raw µs", "fcoll/raw",
                  "fcoll busbw GB/s", "raw busbw GB/s"):
         table.add_column(name, justify="left" if name == "op" else "right")
@@ -234,21 +247,34 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None
         if target is not None:
             ratio = f"[{'green' if r['ratio'] <= target else 'red'}]{ratio}[/]"
         new_op = i == 0 or rows[i - 1]["op"] != r["op"]
-        table.add_row(r["op"] if new_op else "", human(r["bytes"]) + ("" if r["correct"] else " ✗"),
+        mark = ("" if r["correct"] else " ✗") + ("*" if r["batches"] == 1 else "")
+        table.add_row(r["op"] if new_op else "", human(r["bytes"]) + mark,
                       f"{r['fcoll_us']:.1f}", f"{r['raw_us']:.1f}", ratio,
                       f"{r['fcoll_busbw_GBps']:.3f}", f"{r['raw_busbw_GBps']:.3f}",
                       end_section=i + 1 < len(rows) and rows[i + 1]["op"] != r["op"])
     console.print(table)
+    if meta["mpi_env"]:
+        console.print(f"environment: {meta['mpi_env']}", highlight=False)
+    if any(r["batches"] == 1 for r in rows):
+        console.print("* one call each (too slow for --max-cell-s); larger sizes of that op "
+                      "skipped past --max-call-s", highlight=False)
+    if warning:
+        console.print(warning, highlight=False)
     for op in dict.fromkeys(r["op"] for r in rows):
         mine = [r for r in rows if r["op"] == op]
         small = min(mine, key=lambda r: r["bytes"])
         large = [r for r in mine if r["bytes"] >= LARGE]
-        line = (f"{op:<24} at {human(small['bytes'])} B: {small['ratio']:.2f}x "
-                f"({'ok' if small['ratio'] <= SMALL_TARGET else 'MISS'} vs {SMALL_TARGET}x)")
+        parts = []
+        if small["bytes"] < 64:
+            parts.append(f"at {human(small['bytes'])} B: {small['ratio']:.2f}x "
+                         f"({'ok' if small['ratio'] <= SMALL_TARGET else 'MISS'} vs "
+                         f"{SMALL_TARGET}x)")
         if large:
             worst = max(large, key=lambda r: r["ratio"])
-            line += (f";  worst >= 1 MiB: {worst['ratio']:.2f}x at {human(worst['bytes'])} "
-                     f"({'ok' if worst['ratio'] <= LARGE_TARGET else 'MISS'} vs {LARGE_TARGET}x)")
+            parts.append(f"worst >= 1 MiB: {worst['ratio']:.2f}x at {human(worst['bytes'])} "
+                         f"({'ok' if worst['ratio'] <= LARGE_TARGET else 'MISS'} vs "
+                         f"{LARGE_TARGET}x)")
+        line = f"{op:<24} " + (";  ".join(parts) or "no size with a target")
         if not all(r["correct"] for r in mine):
             line += "  RESULTS DIFFER FROM RAW"
         console.print(line, highlight=False)
@@ -262,23 +288,51 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None
     console.print(f"wrote {path}", highlight=False)
 
 
+def cores_per_node_check(comm: Any) -> str:
+    """A warning when this node runs more ranks than it has cores (timings become noise)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks, cores = local.Get_size(), len(os.sched_getaffinity(0))
+    local.Free()
+    if ranks <= cores:
+        return ""
+    return (f"warning: {ranks} ranks share {cores} cores on this node (oversubscribed): "
+            "MPI busy-polls, so timings are dominated by the OS scheduler (bench/README.md)")
+
+
 def main(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
+    mpi_env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                       if k.startswith(("MPIR_CVAR_", "MPICH_", "FCOLL_")))
     meta = {
         "n": n,
         "thread_level": thread_level_name(MPI.Query_thread()),
         "mpi4py": mpi4py.__version__,
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
         "fcoll": fcoll.__version__,
         "numpy": np.__version__,
+        "mpi_env": mpi_env,
+        "fcoll_results": "dropped" if args.drop_results else "kept",
     }
-    meta["mpi_library"] = " ".join(meta["mpi_library"].split())
-    rows = []
+    warning = cores_per_node_check(comm)
+    if rank == 0 and warning:
+        print(warning, file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
     start = time.perf_counter()
+    warm = make_case("all_reduce", 8, comm, rank, n, keep=True)
+    for _ in range(200):  # wake the cores, fill caches and lazily built state
+        warm.first_call()
+        warm.raw_call()
     for op in args.ops:
         for nbytes in args.sizes:
-            rows.append(measure(make_case(op, nbytes, comm, rank, n), comm, args))
+            case = make_case(op, nbytes, comm, rank, n, keep=not args.drop_results)
+            if rows and rows[-1]["op"] == op and rows[-1]["batches"] == 1 and \
+                    max(rows[-1]["fcoll_us"], rows[-1]["raw_us"]) > args.max_call_s * 1e6:
+                if rank == 0:
+                    print(f"  {op} {human(nbytes)}: skipped (a smaller size took "
+                          f"> {args.max_call_s} s per call)", file=sys.stderr, flush=True)
+                continue
+            rows.append(measure(case, comm, args))
             if rank == 0:
                 r = rows[-1]
                 print(f"  {op} {human(r['bytes'])}: fcoll {r['fcoll_us']:.1f} us, "
@@ -287,7 +341,7 @@ def main(args: argparse.Namespace) -> int:
     if rank == 0:
         suffix = "" if meta["thread_level"] == "serialized" else f"_{meta['thread_level']}"
         path = args.csv or Path(__file__).parent / "results" / f"core_n{n}{suffix}.csv"
-        report(rows, meta, path)
+        report(rows, meta, path, warning)
         print(f"total {time.perf_counter() - start:.0f} s", file=sys.stderr)
     comm.Free()
     return 0
