@@ -36,6 +36,7 @@ class Group:
         self._size = len(self._ranks) if comm is not None else -1
         self._destroyed = False
         self.timeout = timeout
+        self.plans: dict[Any, Any] = {}  # per-(op, dtype) reduction plans of fcoll.collectives
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -201,7 +202,7 @@ def resolve_group(group: object, fn: str) -> Group:
 
 def member(group: object, fn: str) -> tuple[Group, Any]:
     """`resolve_group` plus the group's communicator; `ValueError` unless a live member."""
-    g = resolve_group(group, fn) if group is not None else _runtime.world()
+    g = (_runtime._state.world or _runtime.world()) if group is None else resolve_group(group, fn)
     if g._comm is None or g._destroyed:
         g.comm(fn)  # raises the documented error
     return g, g._comm

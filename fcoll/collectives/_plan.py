@@ -19,6 +19,7 @@ from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fold
 from fcoll.dtypes import check_dtype, check_op, wire_dtype, wire_op
+from fcoll.group import Group
 from fcoll.ops import PremulSum, ReduceOp, mpi_op, resolve_op
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
@@ -108,22 +109,19 @@ def _plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPlan:
     return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple, direct)
 
 
-_PLANS: dict[tuple[object, np.dtype[Any], int], ReductionPlan] = {}
-
-
-def reduction_plan(x: np.ndarray, op: object, n: int, fn: str) -> ReductionPlan:
-    """The plan for reducing ``x`` with ``op`` over ``n`` ranks.
+def reduction_plan(x: np.ndarray, op: object, group: Group, fn: str) -> ReductionPlan:
+    """The plan for reducing ``x`` with ``op`` over the members of ``group``.
 
     Raises the documented errors for a non-array ``x``, a bad dtype or op. Plans are
-    cached per ``(op, dtype, n)``; ops that cannot be hashed are planned afresh.
+    cached on the group per ``(op, dtype)``; unhashable ops are planned afresh (and fail).
     """
     if type(x) is not np.ndarray:
         check_array(x, fn)
-    key = (op, x.dtype, n)
+    key = (op, x.dtype)
     try:
-        return _PLANS[key]
+        return group.plans[key]  # type: ignore[no-any-return]
     except KeyError:
-        plan = _PLANS[key] = _plan(op, x.dtype, n, fn)
+        plan = group.plans[key] = _plan(op, x.dtype, group.size, fn)
         return plan
     except TypeError:  # unhashable op: _plan raises the right error for it
-        return _plan(op, x.dtype, n, fn)
+        return _plan(op, x.dtype, group.size, fn)

@@ -64,7 +64,7 @@ def all_reduce_coalesced(
     fn = "all_reduce_coalesced"
     g, comm = member(group, fn)
     arrays = _checked(xs, fn)
-    plans = {x.dtype: reduction_plan(x, op, g.size, fn) for x in arrays}
+    plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
@@ -117,7 +117,7 @@ def reduce_scatter_tensor_coalesced(
         if x.ndim == 0 or x.shape[0] % n:
             raise ValueError(f"{fn}: expected xs[{i}].shape[0] divisible by the group's size "
                              f"{n}, got shape {x.shape}")
-    plans = {x.dtype: reduction_plan(x, op, n, fn) for x in arrays}
+    plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]

@@ -35,7 +35,7 @@ def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndar
         array([10.])
     """
     g, comm = member(group, "all_reduce")
-    plan = reduction_plan(x, op, g.size, "all_reduce")
+    plan = reduction_plan(x, op, g, "all_reduce")
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
         return backend.allreduce(comm, x, plan.mpi_op)
     return plan.finish(plan.allreduce(comm, plan.wire(x)))
@@ -51,7 +51,7 @@ def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) 
     """
     g, comm = member(group, "reduce")
     root = check_rank(dst, g.size, "reduce", "dst")
-    plan = reduction_plan(x, op, g.size, "reduce")
+    plan = reduction_plan(x, op, g, "reduce")
     y = plan.reduce(comm, plan.wire(x), root)
     return None if y is None else plan.finish(y)
 
@@ -77,7 +77,7 @@ def reduce_scatter_tensor(
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
     n = g.size
-    plan = reduction_plan(x, op, n, fn)
+    plan = reduction_plan(x, op, g, fn)
     if (plan.direct and type(scatter_dim) is int and scatter_dim == 0 and x.ndim
             and x.shape[0] % n == 0 and x.flags.c_contiguous):  # the common case
         return backend.reduce_scatter_block(comm, x, plan.mpi_op)
@@ -105,7 +105,7 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
     fn = "reduce_scatter"
     g, comm = member(group, fn)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
-    plan = reduction_plan(arrays[0], op, g.size, fn)
+    plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])
     y = plan.reduce_scatter(comm, flat, [a.size for a in arrays])
     return plan.finish(y).reshape(arrays[g.rank].shape)
