@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(fc.get_world_size() != 1, reason="runs at world 
 
 def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    env["NO_MKDOCS_2_WARNING"] = "1"
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
