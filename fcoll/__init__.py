@@ -30,12 +30,15 @@ from fcoll.collectives import (
 from fcoll.group import Group, get_rank, get_world_size, new_group
 from fcoll.ops import ReduceOp, premul_sum
 from fcoll.subgroups import new_subgroups, new_subgroups_by_enumeration
+from fcoll.work import CollectiveTimeoutError, Work, wait_all
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CollectiveTimeoutError",
     "Group",
     "ReduceOp",
+    "Work",
     "__version__",
     "all_gather",
     "all_gather_into_tensor",
@@ -60,5 +63,6 @@ __all__ = [
     "reduce_scatter_tensor",
     "reduce_scatter_tensor_coalesced",
     "scatter",
+    "wait_all",
     "world",
 ]

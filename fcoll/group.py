@@ -37,6 +37,7 @@ class Group:
         self._destroyed = False
         self.timeout = timeout
         self.plans: dict[Any, Any] = {}  # per-(op, dtype) reduction plans of fcoll.collectives
+        self.pending: list[Any] = []  # operations in flight (fcoll.work.Operation), oldest first
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:

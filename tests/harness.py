@@ -52,7 +52,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if _comm.rank != 0:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        os.close(devnull)
+        sys.stdout = os.fdopen(os.dup(1), "w")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _comm is not None and _comm.rank != 0:
+        sys.stdout.close()
+        sys.stdout = sys.__stdout__
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -105,6 +105,50 @@ def alltoallv(
     return out
 
 
+# Nonblocking forms: each starts the operation and returns its MPI request. The caller
+# keeps every buffer alive (and unmodified) until the request completes.
+
+
+def iallreduce(comm: Any, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
+    return comm.Iallreduce(send, out, op)
+
+
+def ireduce(comm: Any, send: np.ndarray, out: np.ndarray | None, op: Any, root: int) -> Any:
+    return comm.Ireduce(send, out, op, root)
+
+
+def ireduce_scatter_block(comm: Any, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
+    return comm.Ireduce_scatter_block(send, out, op)
+
+
+def ibcast(comm: Any, buf: np.ndarray, root: int) -> Any:
+    return comm.Ibcast([buf, BYTE], root)
+
+
+def iallgather(comm: Any, send: np.ndarray, out: np.ndarray) -> Any:
+    return comm.Iallgather([send, BYTE], [out, BYTE])
+
+
+def iallgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> Any:
+    return comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
+
+
+def igather(comm: Any, send: np.ndarray, out: np.ndarray | None, root: int) -> Any:
+    return comm.Igather([send, BYTE], None if out is None else [out, BYTE], root)
+
+
+def ialltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> Any:
+    return comm.Ialltoall([send, BYTE], [out, BYTE])
+
+
+def ialltoallv(comm: Any, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+               recv_counts: Sequence[int]) -> Any:
+    return comm.Ialltoallv(
+        [send, (list(send_counts), _displs(send_counts)), BYTE],
+        [out, (list(recv_counts), _displs(recv_counts)), BYTE],
+    )
+
+
 def barrier(comm: Any) -> None:
     comm.Barrier()
 

@@ -14,12 +14,16 @@ import numpy as np
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
+from fcoll.collectives.nonblocking import launch, private
 from fcoll.group import Group, member
+from fcoll.work import complete_pending
 
 GroupArg = Group | Sequence[int] | None
 
 
-def broadcast(x: np.ndarray, src: int = 0, group: GroupArg = None) -> np.ndarray:
+def broadcast(
+    x: np.ndarray, src: int = 0, group: GroupArg = None, *, async_op: bool = False
+) -> Any:
     """Every rank gets group rank ``src``'s ``x`` (a new array on every rank, ``src`` too).
 
     Every rank passes an array of the same shape and dtype; only ``src``'s values are read.
@@ -33,16 +37,23 @@ def broadcast(x: np.ndarray, src: int = 0, group: GroupArg = None) -> np.ndarray
     root = check_rank(src, g.size, "broadcast", "src")
     check_array(x, "broadcast")
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
+    if async_op:
+        return launch("broadcast", g, backend.ibcast(comm, buf, root), lambda: buf, buf)
     return backend.bcast(comm, buf, root)
 
 
 def barrier(group: GroupArg = None) -> None:
     """Block until every rank of ``group`` has called `barrier`.
 
+    First completes every operation this rank started on ``group`` with
+    ``async_op=True`` (or `isend`/`irecv`) and has not waited for.
+
     Example:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
-    backend.barrier(member(group, "barrier")[1])
+    g, comm = member(group, "barrier")
+    complete_pending(g)
+    backend.barrier(comm)
 
 
 def _gathered_shape(x: np.ndarray, dim: int, total: int) -> tuple[int, ...]:
@@ -69,7 +80,9 @@ def _sizes_problem(meta: list[Any], dim: int) -> str | None:
     return None
 
 
-def _all_gather_v(comm: Any, x: np.ndarray, dim: int, sizes: list[int] | None) -> np.ndarray:
+def _all_gather_v(
+    comm: Any, g: Group, x: np.ndarray, dim: int, sizes: list[int] | None, async_op: bool
+) -> Any:
     fn = "all_gather_into_tensor"
     meta = backend.allgather_obj(comm, (x.shape, str(x.dtype), sizes))
     problem = _sizes_problem(meta, dim)
@@ -78,7 +91,12 @@ def _all_gather_v(comm: Any, x: np.ndarray, dim: int, sizes: list[int] | None) -
     lengths = [m[0][dim] for m in meta]
     row = nbytes_of(_gathered_shape(x, dim, 1), x.dtype)
     out = np.empty(_gathered_shape(x, dim, sum(lengths)), x.dtype)
-    return backend.allgatherv(comm, c_order(dim_first(x, dim)), out, [s * row for s in lengths])
+    send, counts = c_order(dim_first(x, dim)), [s * row for s in lengths]
+    if async_op:
+        send = private(send, x)
+        request = backend.iallgatherv(comm, send, out, counts)
+        return launch(fn, g, request, lambda: dim_back(out, dim), send)
+    return dim_back(backend.allgatherv(comm, send, out, counts), dim)
 
 
 def all_gather_into_tensor(
@@ -87,7 +105,8 @@ def all_gather_into_tensor(
     *,
     gather_dim: int = 0,
     sizes: Sequence[int] | Literal["auto"] | None = None,
-) -> np.ndarray:
+    async_op: bool = False,
+) -> Any:
     """Every rank's ``x`` concatenated along ``gather_dim``, in group-rank order.
 
     Without ``sizes`` every rank passes the same shape and the result has
@@ -104,20 +123,25 @@ def all_gather_into_tensor(
     fn = "all_gather_into_tensor"
     g, comm = member(group, fn)
     check_array(x, fn)
-    if sizes is None and type(gather_dim) is int and gather_dim == 0 and x.ndim and (
+    if not async_op and sizes is None and type(gather_dim) is int and gather_dim == 0 and x.ndim and (
             x.flags.c_contiguous):  # the common case
         return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
     if sizes is None:
         out = np.empty(_gathered_shape(x, dim, x.shape[dim] * g.size), x.dtype)
-        return dim_back(backend.allgather(comm, c_order(dim_first(x, dim)), out), dim)
+        send = c_order(dim_first(x, dim))
+        if async_op:
+            send = private(send, x)
+            request = backend.iallgather(comm, send, out)
+            return launch(fn, g, request, lambda: dim_back(out, dim), send)
+        return dim_back(backend.allgather(comm, send, out), dim)
     checked = None if isinstance(sizes, str) and sizes == "auto" else check_sizes(
         sizes, g.size, fn, "sizes")
     if checked is not None and checked[g.rank] != x.shape[dim]:
         raise ValueError(f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
                          f"{checked[g.rank]}, got shape {x.shape}")
-    return dim_back(_all_gather_v(comm, x, dim, checked), dim)
+    return _all_gather_v(comm, g, x, dim, checked, async_op)
 
 
 def _split_problem(meta: list[Any]) -> str | None:
@@ -148,7 +172,9 @@ def all_to_all_single(
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: GroupArg = None,
-) -> np.ndarray:
+    *,
+    async_op: bool = False,
+) -> Any:
     """Exchange rows (axis 0): block ``i`` of ``x`` goes to rank ``i``; the result is the
     blocks received, in rank order.
 
@@ -170,6 +196,9 @@ def all_to_all_single(
     if output_split_sizes is None and input_split_sizes is None:  # the common case
         if x.shape[0] % n:
             _even_splits(x, n, fn)  # raises
+        if async_op:
+            send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
+            return launch(fn, g, backend.ialltoall(comm, send, out), lambda: out, send)
         return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
     ins = (_even_splits(x, n, fn) if input_split_sizes is None
            else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))
@@ -185,5 +214,10 @@ def all_to_all_single(
     received = [meta[p][0][g.rank] for p in range(n)]
     row = nbytes_of(x.shape[1:], x.dtype)
     out = np.empty((sum(received), *x.shape[1:]), x.dtype)
-    return backend.alltoallv(comm, c_order(x), [s * row for s in ins], out,
-                             [s * row for s in received])
+    send, send_counts = c_order(x), [s * row for s in ins]
+    recv_counts = [s * row for s in received]
+    if async_op:
+        send = private(send, x)
+        request = backend.ialltoallv(comm, send, send_counts, out, recv_counts)
+        return launch(fn, g, request, lambda: out, send)
+    return backend.alltoallv(comm, send, send_counts, out, recv_counts)

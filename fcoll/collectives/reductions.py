@@ -7,11 +7,13 @@ is a new array and the input is never written.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from fcoll._validate import check_arrays, check_dim, check_rank
 from fcoll.backends import mpi as backend
+from fcoll.collectives import nonblocking
 from fcoll.collectives._plan import reduction_plan
 from fcoll.group import Group, member
 from fcoll.ops import Op
@@ -19,7 +21,9 @@ from fcoll.ops import Op
 GroupArg = Group | Sequence[int] | None
 
 
-def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndarray:
+def all_reduce(
+    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, async_op: bool = False
+) -> Any:
     """Reduce ``x`` elementwise over every rank of ``group``; every rank gets the result.
 
     Returns a new array of ``x``'s shape and dtype; ``x`` is not modified.
@@ -28,6 +32,8 @@ def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndar
         x: this rank's array (same shape and dtype on every rank).
         op: a `ReduceOp`, its name (``"sum"``, ``"avg"``, ...) or `premul_sum`.
         group: `Group`, list of global ranks, or ``None`` for the whole job.
+        async_op: return a `Work` at once (``wait()`` gives the result); ``x`` is
+            snapshotted, so it may be changed right after the call.
 
     Example:
         >>> y = fc.all_reduce(np.array([r + 1.0]))      # rank r of 4 ranks
@@ -36,12 +42,17 @@ def all_reduce(x: np.ndarray, op: Op = "sum", group: GroupArg = None) -> np.ndar
     """
     g, comm = member(group, "all_reduce")
     plan = reduction_plan(x, op, g, "all_reduce")
+    if async_op:
+        return nonblocking.all_reduce(comm, g, plan, x)
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
         return backend.allreduce(comm, x, plan.mpi_op)
     return plan.finish(plan.allreduce(comm, plan.wire(x)))
 
 
-def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) -> np.ndarray | None:
+def reduce(
+    x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None, *,
+    async_op: bool = False,
+) -> Any:
     """Reduce ``x`` over ``group`` onto group rank ``dst``; other ranks get ``None``.
 
     Example:
@@ -52,6 +63,8 @@ def reduce(x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None) 
     g, comm = member(group, "reduce")
     root = check_rank(dst, g.size, "reduce", "dst")
     plan = reduction_plan(x, op, g, "reduce")
+    if async_op:
+        return nonblocking.reduce(comm, g, plan, x, root)
     y = plan.reduce(comm, plan.wire(x), root)
     return None if y is None else plan.finish(y)
 
@@ -63,8 +76,9 @@ def _blocks_first(x: np.ndarray, dim: int, n: int) -> np.ndarray:
 
 
 def reduce_scatter_tensor(
-    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, scatter_dim: int = 0
-) -> np.ndarray:
+    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, scatter_dim: int = 0,
+    async_op: bool = False,
+) -> Any:
     """Reduce ``x`` over ``group``, then keep block ``rank`` of ``n`` along ``scatter_dim``.
 
     ``x.shape[scatter_dim]`` must be divisible by the group's size.
@@ -78,7 +92,7 @@ def reduce_scatter_tensor(
     g, comm = member(group, fn)
     n = g.size
     plan = reduction_plan(x, op, g, fn)
-    if (plan.direct and type(scatter_dim) is int and scatter_dim == 0 and x.ndim
+    if (not async_op and plan.direct and type(scatter_dim) is int and scatter_dim == 0 and x.ndim
             and x.shape[0] % n == 0 and x.flags.c_contiguous):  # the common case
         return backend.reduce_scatter_block(comm, x, plan.mpi_op)
     dim = check_dim(x, scatter_dim, fn, "scatter_dim")
@@ -86,8 +100,10 @@ def reduce_scatter_tensor(
         raise ValueError(f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's "
                          f"size {n}, got shape {x.shape}")
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
-    y = plan.reduce_scatter(comm, plan.wire(blocks), [x.size // n] * n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
+    if async_op:
+        return nonblocking.reduce_scatter(comm, g, plan, x, blocks, out_shape)
+    y = plan.reduce_scatter(comm, plan.wire(blocks), [x.size // n] * n)
     return plan.finish(y).reshape(out_shape)
 
 

@@ -1,0 +1,176 @@
+"""Async handles: `Work`, `wait_all`, and the per-group list of operations in flight.
+
+A `Work` wraps one operation in flight: an MPI nonblocking request (collectives, isend)
+or a matched-probe receive (irecv), plus the function that turns the received buffer into
+the result. The group keeps every operation it started until it completes, so buffers
+stay alive even when the caller drops its `Work`, and `barrier` can complete them.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fcoll import _runtime
+from fcoll._runtime import Timeout, to_seconds
+
+
+class CollectiveTimeoutError(TimeoutError):
+    """An operation did not complete before its deadline."""
+
+
+class Operation(abc.ABC):
+    """One operation in flight. Subclasses implement `_advance` (non-blocking progress)."""
+
+    def __init__(self, name: str, group: Any) -> None:
+        self.name = name
+        self.group = group
+        self.done = False
+        self.value: Any = None
+        self.source: int | None = None
+        group.pending.append(self)
+
+    @abc.abstractmethod
+    def _advance(self) -> bool:
+        """Make progress without blocking; True once ``value`` is set."""
+
+    def _block(self) -> None:
+        """Block until complete (subclasses with a blocking form override it)."""
+        pause = 1e-6
+        while not self._advance():
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+    def test(self) -> bool:
+        if not self.done and self._advance():
+            self._complete()
+        return self.done
+
+    def finish(self, timeout: float | None) -> Any:
+        """Complete the operation (within ``timeout`` seconds if given) and return its value."""
+        if self.done:
+            return self.value
+        if timeout is None:
+            self._block()
+        else:
+            deadline = time.monotonic() + timeout
+            pause = 1e-6
+            while not self._advance():
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"{self.name} on {self.group!r} did not complete within {timeout} s")
+                time.sleep(pause)
+                pause = min(2 * pause, 1e-3)
+        self._complete()
+        return self.value
+
+    def _complete(self) -> None:
+        self.done = True
+        if self in self.group.pending:
+            self.group.pending.remove(self)
+
+
+class RequestOperation(Operation):
+    """An MPI request plus the function that makes the result once it completes."""
+
+    def __init__(self, name: str, group: Any, request: Any, result: Callable[[], Any],
+                 keep: tuple[Any, ...] = ()) -> None:
+        super().__init__(name, group)
+        self._request = request
+        self._result = result
+        self._keep = keep  # buffers MPI reads or writes until completion
+
+    def _advance(self) -> bool:
+        if self._request.Test():
+            self.value = self._result()
+            return True
+        return False
+
+    def _block(self) -> None:
+        self._request.Wait()
+        self.value = self._result()
+
+
+class Work:
+    """Handle of an operation started with ``async_op=True`` (or `isend`/`irecv`).
+
+    Example:
+        >>> w = fc.all_reduce(np.ones(2), async_op=True)   # every rank
+        >>> ...                                            # overlap other work here
+        >>> w.wait()                                       # 2 ranks
+        array([2., 2.])
+    """
+
+    def __init__(self, op: Operation, then: Callable[[Any], Any] | None = None,
+                 parent: Work | None = None) -> None:
+        self._op = op
+        self._then = then
+        self._parent = parent
+        self._waited = False
+        self._has_value = False
+        self._value: Any = None
+
+    def wait(self, timeout: Timeout = None) -> Any:
+        """Block until the operation completes and return its result.
+
+        ``timeout`` (seconds or `datetime.timedelta`; default: `fcoll.init`'s) raises
+        `CollectiveTimeoutError` if it passes first; the operation stays in flight.
+        """
+        self._waited = True
+        if self._has_value:
+            return self._value
+        seconds = to_seconds(timeout, "wait")
+        if seconds is None:
+            seconds = _runtime.settings().timeout
+        value = self._parent.wait(seconds) if self._parent is not None else self._op.finish(seconds)
+        if self._then is not None:
+            value = self._then(value)
+        self._value, self._has_value = value, True
+        return value
+
+    def is_completed(self) -> bool:
+        """Whether the operation has completed (makes progress; never blocks)."""
+        return self._op.test()
+
+    def then(self, fn: Callable[[Any], Any]) -> Work:
+        """A `Work` whose result is ``fn(result)``; ``fn`` runs in the waiting thread."""
+        self._waited = True  # the chained Work takes over the duty to wait
+        return Work(self._op, fn, self)
+
+    def source_rank(self) -> int:
+        """The group rank a completed `irecv` received from."""
+        if not self._op.done or self._op.source is None:
+            raise ValueError("source_rank: expected a completed irecv, "
+                             f"got a {'pending' if not self._op.done else 'non-receive'} "
+                             f"{self._op.name}")
+        return self._op.source
+
+    def __del__(self) -> None:
+        if not self._waited and not self._op.done:
+            warnings.warn(f"fcoll.Work for {self._op.name} on {self._op.group!r} was never "
+                          "waited; call wait() (or barrier()) before dropping it",
+                          ResourceWarning, stacklevel=1)
+
+    def __repr__(self) -> str:
+        state = "completed" if self._op.done else "pending"
+        return f"Work({self._op.name}, {state})"
+
+
+def wait_all(works: Iterable[Work], timeout: Timeout = None) -> list[Any]:
+    """Wait for every `Work` (in order) and return their results.
+
+    Example:
+        >>> ws = [fc.all_reduce(np.array([i]), async_op=True) for i in range(3)]
+        >>> fc.wait_all(ws)                                   # 2 ranks
+        [array([0]), array([2]), array([4])]
+    """
+    return [work.wait(timeout) for work in works]
+
+
+def complete_pending(group: Any) -> None:
+    """Complete every operation the group still has in flight, oldest first."""
+    while group.pending:
+        group.pending[0].finish(None)

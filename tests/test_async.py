@@ -1,0 +1,140 @@
+"""async_op=True: Work handles backed by MPI's nonblocking collectives."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+import fcoll as fc
+from tests.helpers import BF16, data, same_bits
+
+
+def _calls(group, x, n):
+    """(name, call) pairs: each call takes async_op and returns the result or a Work."""
+    rows = np.concatenate([x] * n)
+    return [
+        ("all_reduce", lambda a: fc.all_reduce(x, "sum", group.arg, async_op=a)),
+        ("all_reduce avg", lambda a: fc.all_reduce(x, "avg", group.arg, async_op=a)),
+        ("all_reduce max", lambda a: fc.all_reduce(x, "max", group.arg, async_op=a)),
+        ("reduce", lambda a: fc.reduce(x, n - 1, "sum", group.arg, async_op=a)),
+        ("reduce min", lambda a: fc.reduce(x, 0, "min", group.arg, async_op=a)),
+        ("reduce_scatter_tensor", lambda a: fc.reduce_scatter_tensor(rows, "sum", group.arg,
+                                                                     async_op=a)),
+        ("reduce_scatter_tensor dim 1", lambda a: fc.reduce_scatter_tensor(
+            np.concatenate([x] * n, axis=1), "max", group.arg, scatter_dim=1, async_op=a)),
+        ("broadcast", lambda a: fc.broadcast(x, n - 1, group.arg, async_op=a)),
+        ("all_gather_into_tensor", lambda a: fc.all_gather_into_tensor(x, group.arg,
+                                                                       async_op=a)),
+        ("all_gather_into_tensor dim -1", lambda a: fc.all_gather_into_tensor(
+            x, group.arg, gather_dim=-1, async_op=a)),
+        ("all_gather_into_tensor auto", lambda a: fc.all_gather_into_tensor(
+            x[: group.rank % 2 + 1], group.arg, sizes="auto", async_op=a)),
+        ("all_to_all_single", lambda a: fc.all_to_all_single(rows, group=group.arg, async_op=a)),
+        ("all_to_all_single uneven", lambda a: fc.all_to_all_single(
+            rows[: n + group.rank], None, [1] * (n - 1) + [1 + group.rank], group.arg,
+            async_op=a)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, BF16, np.int32, np.complex64])
+def test_async_equals_blocking(group, dtype):
+    n = group.size
+    x = data(group.members[group.rank], (3, 2), dtype, salt=1, low=1, high=5)
+    for name, call in _calls(group, x, n):
+        if np.dtype(dtype).kind == "c" and name.endswith(("max", "min", "dim 1")):
+            continue
+        if name.endswith("avg") and np.dtype(dtype).kind in "iu":
+            continue
+        work = call(True)
+        assert isinstance(work, fc.Work), name
+        expected = call(False)
+        got = work.wait()
+        assert (got is None and expected is None) or same_bits(got, expected), name
+
+
+def test_input_may_change_after_the_call(group):
+    n = group.size
+    x = np.full((4, 2), float(group.rank))
+    works = [fc.all_reduce(x, group=group.arg, async_op=True),
+             fc.broadcast(x, 0, group.arg, async_op=True),
+             fc.all_gather_into_tensor(x, group.arg, async_op=True),
+             fc.all_to_all_single(np.repeat(x, n, axis=0), group=group.arg, async_op=True),
+             fc.reduce_scatter_tensor(np.repeat(x, n, axis=0), "sum", group.arg, async_op=True)]
+    x[:] = -100.0  # the caller reuses its buffer at once
+    total = sum(range(n))
+    results = fc.wait_all(works)
+    assert (results[0] == total).all()
+    assert (results[1] == 0).all()
+    assert same_bits(results[2], np.concatenate([np.full((4, 2), float(r)) for r in range(n)]))
+    assert same_bits(results[3], np.concatenate([np.full((4, 2), float(r)) for r in range(n)]))
+    assert (results[4] == total).all()
+
+
+def test_thousand_outstanding_any_wait_order(group):
+    n, me = group.size, group.members[group.rank]
+    works = [fc.all_reduce(np.array([i + group.rank]), group=group.arg, async_op=True)
+             for i in range(1000)]
+    order = np.random.default_rng(me).permutation(1000)  # a different order on each rank
+    results = {}
+    for i in order[:500]:
+        results[i] = works[i].wait()
+    results.update(zip(range(1000), fc.wait_all(works), strict=True))
+    for i in range(1000):
+        assert results[i].tolist() == [i * n + n * (n - 1) // 2], f"Mismatch in iteration {i}"
+
+
+def test_barrier_completes_unwaited_work(group):
+    n = group.size
+    works = [fc.all_reduce(np.full((100, 100), float(i)), group=group.arg, async_op=True)
+             for i in range(16)]
+    fc.barrier(group.arg)
+    assert all(w._op.done for w in works)
+    assert all((w.wait() == i * n).all() for i, w in enumerate(works))
+
+
+def test_dropped_work_warns_and_still_completes(group):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fc.all_reduce(np.ones(3), group=group.arg, async_op=True)
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) and "all_reduce" in str(w.message)
+               for w in caught)
+    fc.barrier(group.arg)  # completes it; afterwards the group has nothing in flight
+    from fcoll.group import resolve_group
+    g = group.arg if isinstance(group.arg, fc.Group) else resolve_group(group.arg, "t")
+    assert g.pending == []
+
+
+def test_then_and_is_completed(group):
+    n = group.size
+    w = fc.all_reduce(np.array([1.0]), group=group.arg, async_op=True)
+    chained = w.then(lambda y: y * 10).then(lambda y: y + 1)
+    assert chained.wait().tolist() == [10.0 * n + 1]
+    assert w.is_completed() and chained.is_completed()
+    assert w.wait().tolist() == [float(n)]
+    with pytest.raises(ValueError, match="source_rank"):
+        w.source_rank()
+
+
+def test_wait_timeout_raises_then_completes(group):
+    """The last member posts its all_reduce only after every other member saw its wait
+    time out (they tell it over COMM_WORLD, outside the group's communicator)."""
+    if group.size < 2:
+        pytest.skip("needs a peer that is late")
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    late_rank = group.members[-1]
+    if fc.get_rank() == late_rank:
+        for member in group.members[:-1]:
+            world.recv(source=member, tag=77)
+        w = fc.all_reduce(np.array([1]), group=group.arg, async_op=True)
+    else:
+        w = fc.all_reduce(np.array([1]), group=group.arg, async_op=True)
+        with pytest.raises(fc.CollectiveTimeoutError, match=r"all_reduce on Group.* 0.2 s"):
+            w.wait(timeout=0.2)
+        assert not w.is_completed()
+        world.send("timed out", dest=late_rank, tag=77)
+    assert w.wait().tolist() == [group.size]
