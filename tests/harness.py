@@ -52,14 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _comm.rank != 0:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
-        os.close(devnull)
-        sys.stdout = os.fdopen(os.dup(1), "w")
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if _comm is not None and _comm.rank != 0:
-        sys.stdout.close()
-        sys.stdout = sys.__stdout__
+        os.close(devnull)  # sys.stdout still writes to fd 1, now /dev/null
 
 
 def pytest_report_header(config: pytest.Config) -> str:
