@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -52,7 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if _comm.rank != 0:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
-        os.close(devnull)  # sys.stdout still writes to fd 1, now /dev/null
+        os.close(devnull)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - closed at exit
+        atexit.register(sys.stdout.close)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
