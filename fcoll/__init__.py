@@ -28,7 +28,9 @@ from fcoll.collectives import (
     scatter,
 )
 from fcoll.group import Group, get_rank, get_world_size, new_group
+from fcoll.objects import all_gather_object, broadcast_object, gather_object, scatter_object
 from fcoll.ops import ReduceOp, premul_sum
+from fcoll.p2p import P2POp, batch_isend_irecv, irecv, isend, permute_tensor, recv, send
 from fcoll.subgroups import new_subgroups, new_subgroups_by_enumeration
 from fcoll.work import CollectiveTimeoutError, Work, wait_all
 
@@ -37,32 +39,43 @@ __version__ = "0.1.0"
 __all__ = [
     "CollectiveTimeoutError",
     "Group",
+    "P2POp",
     "ReduceOp",
     "Work",
-    "__version__",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced",
+    "all_gather_object",
     "all_reduce",
     "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
+    "broadcast_object",
     "gather",
+    "gather_object",
     "get_rank",
     "get_world_size",
     "init",
+    "irecv",
     "is_initialized",
+    "isend",
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
+    "permute_tensor",
     "premul_sum",
+    "recv",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
     "reduce_scatter_tensor_coalesced",
     "scatter",
+    "scatter_object",
+    "send",
+    "__version__",
     "wait_all",
     "world",
 ]

@@ -39,10 +39,7 @@ class Operation(abc.ABC):
 
     def _block(self) -> None:
         """Block until complete (subclasses with a blocking form override it)."""
-        pause = 1e-6
-        while not self._advance():
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+        self._poll(None)
 
     def test(self) -> bool:
         if not self.done and self._advance():
@@ -50,22 +47,33 @@ class Operation(abc.ABC):
         return self.done
 
     def finish(self, timeout: float | None) -> Any:
-        """Complete the operation (within ``timeout`` seconds if given) and return its value."""
+        """Complete the operation (within ``timeout`` seconds if given) and return its value.
+
+        With other operations of the group in flight, it polls and advances them too: an
+        `irecv` is only posted once probed, and a peer's (or this rank's own) `isend` may
+        need it before this operation can complete.
+        """
         if self.done:
             return self.value
-        if timeout is None:
+        if timeout is None and self.group.pending == [self]:
             self._block()
         else:
-            deadline = time.monotonic() + timeout
-            pause = 1e-6
-            while not self._advance():
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(
-                        f"{self.name} on {self.group!r} did not complete within {timeout} s")
-                time.sleep(pause)
-                pause = min(2 * pause, 1e-3)
+            self._poll(timeout)
         self._complete()
         return self.value
+
+    def _poll(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 1e-6
+        while not self._advance():
+            for other in list(self.group.pending):
+                if other is not self:
+                    other.test()
+            if deadline is not None and time.monotonic() > deadline:
+                raise CollectiveTimeoutError(
+                    f"{self.name} on {self.group!r} did not complete within {timeout} s")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     def _complete(self) -> None:
         self.done = True

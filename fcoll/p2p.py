@@ -1,0 +1,265 @@
+"""Point-to-point: send/recv, isend/irecv, batch_isend_irecv, permute_tensor.
+
+A message carries its own shape and dtype, so a receiver needs no template. Wire format
+on the group's communicator: a header of int64 ``[kind, dtype index, ndim, *shape]``
+(padded to 16 bytes) on tag ``2 * tag``; small arrays ride in the same message after the
+header, large ones follow as a second message on tag ``2 * tag + 1`` (no copy). MPI keeps
+messages between two ranks on one tag in order, so header and data always pair up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fcoll._runtime import mpi
+from fcoll._validate import check_array, check_rank
+from fcoll.collectives._common import c_order
+from fcoll.dtypes import SUPPORTED
+from fcoll.group import Group, member, resolve_group
+from fcoll.work import Operation, RequestOperation, Work
+
+GroupArg = Group | Sequence[int] | None
+MPI = mpi()
+BYTE = MPI.BYTE
+INLINE_LIMIT = 64 << 10  # arrays up to this many bytes travel inside the header message
+_INLINE, _SEPARATE = 1, 2
+_DTYPES = sorted(SUPPORTED, key=str)
+_DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
+_MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1
+PERMUTE_TAG = _MAX_TAG * 2 + 2  # above every user tag's pair
+
+
+def _tag(tag: object, fn: str) -> int:
+    if type(tag) is not int or not 0 <= tag <= _MAX_TAG:
+        raise ValueError(f"{fn}: expected tag to be an int in [0, {_MAX_TAG}], got {tag!r}")
+    return tag
+
+
+def _header(x: np.ndarray, kind: int) -> np.ndarray:
+    words = 3 + x.ndim + (x.ndim + 1) % 2  # an even count: 16-byte aligned data
+    header = np.zeros(words, np.int64)
+    header[:3] = kind, _DTYPE_INDEX[x.dtype], x.ndim
+    header[3 : 3 + x.ndim] = x.shape
+    return header
+
+
+def _packed(x: np.ndarray) -> np.ndarray:
+    """Header and data in one fresh buffer (also the snapshot an isend needs)."""
+    header = _header(x, _INLINE)
+    buf = np.empty(header.nbytes + x.nbytes, np.uint8)
+    buf[: header.nbytes] = header.view(np.uint8)
+    buf[header.nbytes :] = x.ravel().view(np.uint8)
+    return buf
+
+
+def _parse(buf: np.ndarray) -> tuple[int, np.dtype[Any], tuple[int, ...], int]:
+    """``(kind, dtype, shape, data offset)`` of a received header."""
+    kind, index, ndim = (int(v) for v in buf[:24].view(np.int64))
+    shape = tuple(int(v) for v in buf[24 : 24 + 8 * ndim].view(np.int64))
+    return kind, _DTYPES[index], shape, 8 * (3 + ndim + (ndim + 1) % 2)
+
+
+def _inline(buf: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int) -> np.ndarray:
+    return buf[offset:].view(dtype).reshape(shape)
+
+
+def _peer(peer: object, g: Group, fn: str, name: str, self_ok: bool) -> int:
+    rank = check_rank(peer, g.size, fn, name)
+    if rank == g.rank and not self_ok:
+        raise ValueError(f"{fn}: expected {name} other than this rank ({rank}); a blocking "
+                         "send or recv to itself would deadlock: use isend/irecv")
+    return rank
+
+
+def send(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> None:
+    """Send ``x`` to group rank ``dst`` (blocking until ``x`` may be reused).
+
+    Example:
+        >>> if r == 0: fc.send(np.arange(3), dst=1)
+        >>> if r == 1: fc.recv(src=0)
+        array([0, 1, 2])
+    """
+    g, comm = member(group, "send")
+    peer = _peer(dst, g, "send", "dst", self_ok=False)
+    check_array(x, "send")
+    tag = _tag(tag, "send")
+    if x.nbytes <= INLINE_LIMIT:
+        comm.Send([_packed(x), BYTE], peer, 2 * tag)
+        return
+    comm.Send([_header(x, _SEPARATE), BYTE], peer, 2 * tag)
+    comm.Send([c_order(x), BYTE], peer, 2 * tag + 1)
+
+
+def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
+         return_source: bool = False) -> Any:
+    """Receive an array (shape and dtype come with it) from group rank ``src``, or from
+    any rank when ``src`` is ``None``; ``return_source=True`` gives ``(array, src)``.
+
+    Example:
+        >>> y, who = fc.recv(return_source=True)     # on rank 0, rank 2 sent it
+        >>> who
+        2
+    """
+    g, comm = member(group, "recv")
+    source = MPI.ANY_SOURCE if src is None else _peer(src, g, "recv", "src", self_ok=False)
+    tag = _tag(tag, "recv")
+    status = MPI.Status()
+    message = comm.Mprobe(source, 2 * tag, status)
+    buf = np.empty(status.Get_count(BYTE), np.uint8)
+    message.Recv([buf, BYTE])
+    kind, dtype, shape, offset = _parse(buf)
+    if kind == _INLINE:
+        out = _inline(buf, dtype, shape, offset)
+    else:
+        out = np.empty(shape, dtype)
+        comm.Recv([out, BYTE], status.Get_source(), 2 * tag + 1)
+    return (out, status.Get_source()) if return_source else out
+
+
+def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
+    """Start sending ``x`` (copied at the call) to group rank ``dst``; returns a `Work`."""
+    g, comm = member(group, "isend")
+    peer = _peer(dst, g, "isend", "dst", self_ok=True)
+    check_array(x, "isend")
+    packed = _packed(x)
+    request = comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
+    return Work(RequestOperation("isend", g, request, lambda: None, (packed,)))
+
+
+class _Receive(Operation):
+    """irecv: probe for the header without blocking, then receive the rest."""
+
+    def __init__(self, g: Group, comm: Any, source: int, tag: int) -> None:
+        super().__init__("irecv", g)
+        self._comm, self._wanted, self._tag = comm, source, tag
+        self._request: Any = None
+        self._buf: np.ndarray | None = None
+
+    def _matched(self, message: Any, status: Any) -> None:
+        self.source = status.Get_source()
+        self._buf = np.empty(status.Get_count(BYTE), np.uint8)
+        self._request = message.Irecv([self._buf, BYTE])
+
+    def _received(self) -> bool:
+        """The header message arrived: done if inline, else start the data receive."""
+        assert self._buf is not None
+        kind, dtype, shape, offset = _parse(self._buf)
+        if kind == _INLINE:
+            self.value = _inline(self._buf, dtype, shape, offset)
+            return True
+        self.value = np.empty(shape, dtype)
+        self._buf = None
+        self._request = self._comm.Irecv([self.value, BYTE], self.source, 2 * self._tag + 1)
+        return False
+
+    def _advance(self) -> bool:
+        if self._request is None:
+            status = MPI.Status()
+            message = self._comm.Improbe(self._wanted, 2 * self._tag, status)
+            if message is None:
+                return False
+            self._matched(message, status)
+        if not self._request.Test():
+            return False
+        return self._buf is None or self._received()
+
+    def _block(self) -> None:
+        if self._request is None:
+            status = MPI.Status()
+            self._matched(self._comm.Mprobe(self._wanted, 2 * self._tag, status), status)
+        self._request.Wait()
+        if self._buf is not None and not self._received():
+            self._request.Wait()
+
+
+def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work:
+    """Start receiving from group rank ``src`` (any rank if ``None``); ``wait()`` returns
+    the array and `Work.source_rank` the sender."""
+    g, comm = member(group, "irecv")
+    source = MPI.ANY_SOURCE if src is None else _peer(src, g, "irecv", "src", self_ok=True)
+    return Work(_Receive(g, comm, source, _tag(tag, "irecv")))
+
+
+@dataclass(frozen=True)
+class P2POp:
+    """One operation of `batch_isend_irecv`: ``P2POp(fc.isend, x, peer)`` or
+    ``P2POp(fc.irecv, None, peer)`` (the received shape and dtype travel with the data)."""
+
+    op: Any
+    tensor: np.ndarray | None
+    peer: int
+    group: GroupArg = None
+    tag: int = 0
+
+    def __post_init__(self) -> None:
+        if self.op is not isend and self.op is not irecv:
+            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``fcoll.isend`` "
+                             f"or ``fcoll.irecv``, got {self.op!r}")
+        if self.op is irecv and self.tensor is not None:
+            raise TypeError("P2POp: expected tensor=None for irecv (shape and dtype travel "
+                            f"with the message), got {type(self.tensor).__name__}")
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+    """Start every operation of the list; returns one `Work` per operation, in order.
+
+    Example:
+        >>> ring = [fc.P2POp(fc.isend, x, (r + 1) % n), fc.P2POp(fc.irecv, None, (r - 1) % n)]
+        >>> _, got = [w.wait() for w in fc.batch_isend_irecv(ring)]   # got: rank r-1's x
+    """
+    if not isinstance(p2p_op_list, Sequence) or not p2p_op_list or not all(
+            isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
+                         f"``fcoll.P2POp``, got {p2p_op_list!r}")
+    groups = {id(resolve_group(p.group, "batch_isend_irecv")) for p in p2p_op_list}
+    if len(groups) > 1:
+        raise ValueError("batch_isend_irecv: All ops need to use the same group")
+    return [
+        isend(p.tensor, p.peer, p.group, p.tag) if p.op is isend
+        else irecv(p.peer, p.group, p.tag)
+        for p in p2p_op_list
+    ]
+
+
+def _permutation(src_dst: object, n: int, fn: str) -> list[int | None]:
+    if isinstance(src_dst, (str, bytes)) or not isinstance(src_dst, Sequence):
+        raise TypeError(f"{fn}: expected src_dst to be a list of ranks or None, "
+                        f"got {type(src_dst).__name__}")
+    if len(src_dst) != n:
+        raise ValueError(f"{fn}: expected src_dst to have {n} entries (the group's size), "
+                         f"got {len(src_dst)}")
+    targets = [None if d is None else check_rank(d, n, fn, f"src_dst[{i}]")
+               for i, d in enumerate(src_dst)]
+    chosen = [d for d in targets if d is not None]
+    if len(chosen) != len(set(chosen)):
+        raise ValueError(f"{fn}: expected each rank to receive from at most one rank, "
+                         f"got src_dst={list(src_dst)}")
+    return targets
+
+
+def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg = None) -> np.ndarray:
+    """Rank ``i`` sends ``x`` to rank ``src_dst[i]`` (``None``: sends nothing); a rank
+    that receives nothing gets zeros. Every rank passes the same shape and dtype.
+
+    Example:
+        >>> fc.permute_tensor(np.array([r]), [1, 2, 0])    # 3 ranks, on rank 0
+        array([2])
+    """
+    fn = "permute_tensor"
+    g, comm = member(group, fn)
+    check_array(x, fn)
+    targets = _permutation(src_dst, g.size, fn)
+    dst = targets[g.rank]
+    senders = [i for i, d in enumerate(targets) if d == g.rank]
+    if dst == g.rank:
+        return np.array(x, order="C", copy=True)
+    out = np.empty(x.shape, x.dtype) if senders else np.zeros(x.shape, x.dtype)
+    requests = [comm.Irecv([out, BYTE], senders[0], PERMUTE_TAG)] if senders else []
+    if dst is not None:
+        requests.append(comm.Isend([c_order(x), BYTE], dst, PERMUTE_TAG))
+    MPI.Request.Waitall(requests)
+    return out
