@@ -9,6 +9,7 @@ messages between two ranks on one tag in order, so header and data always pair u
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,32 +40,37 @@ def _tag(tag: object, fn: str) -> int:
     return tag
 
 
-def _header(x: np.ndarray, kind: int) -> np.ndarray:
-    words = 3 + x.ndim + (x.ndim + 1) % 2  # an even count: 16-byte aligned data
-    header = np.zeros(words, np.int64)
-    header[:3] = kind, _DTYPE_INDEX[x.dtype], x.ndim
-    header[3 : 3 + x.ndim] = x.shape
-    return header
+def _header_format(ndim: int) -> struct.Struct:
+    """int64 words ``kind, dtype index, ndim, *shape`` padded to an even count (16 bytes)."""
+    return struct.Struct(f"<{3 + ndim + (ndim + 1) % 2}q")
 
 
-def _packed(x: np.ndarray) -> np.ndarray:
+_FORMATS = [_header_format(ndim) for ndim in range(65)]
+_PREFIX = struct.Struct("<3q")
+
+
+def _header(x: np.ndarray, kind: int) -> bytes:
+    pad = (0,) * (x.ndim + 1 & 1)
+    return _FORMATS[x.ndim].pack(kind, _DTYPE_INDEX[x.dtype], x.ndim, *x.shape, *pad)
+
+
+def _packed(x: np.ndarray) -> bytes:
     """Header and data in one fresh buffer (also the snapshot an isend needs)."""
-    header = _header(x, _INLINE)
-    buf = np.empty(header.nbytes + x.nbytes, np.uint8)
-    buf[: header.nbytes] = header.view(np.uint8)
-    buf[header.nbytes :] = x.ravel().view(np.uint8)
-    return buf
+    pad = (0,) * (x.ndim + 1 & 1)
+    header = _FORMATS[x.ndim].pack(_INLINE, _DTYPE_INDEX[x.dtype], x.ndim, *x.shape, *pad)
+    return header + x.tobytes()
 
 
 def _parse(buf: np.ndarray) -> tuple[int, np.dtype[Any], tuple[int, ...], int]:
     """``(kind, dtype, shape, data offset)`` of a received header."""
-    kind, index, ndim = (int(v) for v in buf[:24].view(np.int64))
-    shape = tuple(int(v) for v in buf[24 : 24 + 8 * ndim].view(np.int64))
-    return kind, _DTYPES[index], shape, 8 * (3 + ndim + (ndim + 1) % 2)
+    kind, index, ndim = _PREFIX.unpack_from(buf, 0)  # type: ignore[arg-type]  # a buffer
+    fmt = _FORMATS[ndim]
+    shape = fmt.unpack_from(buf, 0)[3 : 3 + ndim]
+    return kind, _DTYPES[index], shape, fmt.size
 
 
 def _inline(buf: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int) -> np.ndarray:
-    return buf[offset:].view(dtype).reshape(shape)
+    return np.ndarray(shape, dtype, buffer=buf, offset=offset)
 
 
 def _peer(peer: object, g: Group, fn: str, name: str, self_ok: bool) -> int:

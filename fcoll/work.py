@@ -55,7 +55,7 @@ class Operation(abc.ABC):
         """
         if self.done:
             return self.value
-        if timeout is None and self.group.pending == [self]:
+        if timeout is None and len(self.group.pending) == 1:
             self._block()
         else:
             self._poll(timeout)
@@ -77,8 +77,11 @@ class Operation(abc.ABC):
 
     def _complete(self) -> None:
         self.done = True
-        if self in self.group.pending:
-            self.group.pending.remove(self)
+        pending = self.group.pending
+        if pending and pending[0] is self:
+            del pending[0]
+        elif self in pending:
+            pending.remove(self)
 
 
 class RequestOperation(Operation):
@@ -130,9 +133,7 @@ class Work:
         self._waited = True
         if self._has_value:
             return self._value
-        seconds = to_seconds(timeout, "wait")
-        if seconds is None:
-            seconds = _runtime.settings().timeout
+        seconds = _runtime.settings().timeout if timeout is None else to_seconds(timeout, "wait")
         value = self._parent.wait(seconds) if self._parent is not None else self._op.finish(seconds)
         if self._then is not None:
             value = self._then(value)

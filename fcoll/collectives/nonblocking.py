@@ -28,7 +28,9 @@ from fcoll.work import RequestOperation, Work
 
 def private(buf: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``buf``, or a copy of it when it may share memory with the caller's ``x``."""
-    return buf.copy() if np.may_share_memory(buf, x) else buf
+    if buf is x or np.may_share_memory(buf, x):
+        return buf.copy()
+    return buf
 
 
 def launch(name: str, group: Group, request: Any, result: Callable[[], Any],
