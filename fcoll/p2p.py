@@ -26,7 +26,7 @@ from fcoll.work import Operation, RequestOperation, Work
 GroupArg = Group | Sequence[int] | None
 MPI = mpi()
 BYTE = MPI.BYTE
-INLINE_LIMIT = 64 << 10  # arrays up to this many bytes travel inside the header message
+INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header message
 _INLINE, _SEPARATE = 1, 2
 _DTYPES = sorted(SUPPORTED, key=str)
 _DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
