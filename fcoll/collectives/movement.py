@@ -7,7 +7,7 @@ are never written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -16,14 +16,22 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.group import Group, member
-from fcoll.work import complete_pending
+from fcoll.work import Work, complete_pending
 
 GroupArg = Group | Sequence[int] | None
 
 
+@overload
+def broadcast(
+    x: np.ndarray, src: int = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
+) -> np.ndarray: ...
+@overload
+def broadcast(x: np.ndarray, src: int = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work: ...
+
+
 def broadcast(
     x: np.ndarray, src: int = 0, group: GroupArg = None, *, async_op: bool = False
-) -> Any:
+) -> np.ndarray | Work:
     """Every rank gets group rank ``src``'s ``x`` (a new array on every rank, ``src`` too).
 
     Every rank passes an array of the same shape and dtype; only ``src``'s values are read.
@@ -71,18 +79,19 @@ def _sizes_problem(meta: list[Any], dim: int) -> str | None:
     rest0 = shape0[:dim] + shape0[dim + 1 :]
     for p, (shape, dtype, sizes) in enumerate(meta):
         if dtype != dtype0 or len(shape) != len(shape0) or shape[:dim] + shape[dim + 1 :] != rest0:
-            return (f"rank {p} passed shape {shape} {dtype}, rank 0 passed {shape0} {dtype0} "
-                    "(only gather_dim may differ)")
+            return (
+                f"rank {p} passed shape {shape} {dtype}, rank 0 passed {shape0} {dtype0} "
+                "(only gather_dim may differ)"
+            )
         for q, (q_shape, _, _) in enumerate(meta if sizes is not None else ()):
             if sizes[q] != q_shape[dim]:
-                return (f"rank {p} passed sizes[{q}] = {sizes[q]} but rank {q} passed x of "
-                        f"shape {q_shape}")
+                return f"rank {p} passed sizes[{q}] = {sizes[q]} but rank {q} passed x of shape {q_shape}"
     return None
 
 
 def _all_gather_v(
     comm: Any, g: Group, x: np.ndarray, dim: int, sizes: list[int] | None, async_op: bool
-) -> Any:
+) -> np.ndarray | Work:
     fn = "all_gather_into_tensor"
     meta = backend.allgather_obj(comm, (x.shape, str(x.dtype), sizes))
     problem = _sizes_problem(meta, dim)
@@ -99,6 +108,26 @@ def _all_gather_v(
     return dim_back(backend.allgatherv(comm, send, out, counts), dim)
 
 
+@overload
+def all_gather_into_tensor(
+    x: np.ndarray,
+    group: GroupArg = ...,
+    *,
+    gather_dim: int = ...,
+    sizes: Sequence[int] | Literal["auto"] | None = ...,
+    async_op: Literal[False] = ...,
+) -> np.ndarray: ...
+@overload
+def all_gather_into_tensor(
+    x: np.ndarray,
+    group: GroupArg = ...,
+    *,
+    gather_dim: int = ...,
+    sizes: Sequence[int] | Literal["auto"] | None = ...,
+    async_op: Literal[True],
+) -> Work: ...
+
+
 def all_gather_into_tensor(
     x: np.ndarray,
     group: GroupArg = None,
@@ -106,7 +135,7 @@ def all_gather_into_tensor(
     gather_dim: int = 0,
     sizes: Sequence[int] | Literal["auto"] | None = None,
     async_op: bool = False,
-) -> Any:
+) -> np.ndarray | Work:
     """Every rank's ``x`` concatenated along ``gather_dim``, in group-rank order.
 
     Without ``sizes`` every rank passes the same shape and the result has
@@ -123,8 +152,14 @@ def all_gather_into_tensor(
     fn = "all_gather_into_tensor"
     g, comm = member(group, fn)
     check_array(x, fn)
-    if not async_op and sizes is None and type(gather_dim) is int and gather_dim == 0 and x.ndim and (
-            x.flags.c_contiguous):  # the common case
+    if (
+        not async_op
+        and sizes is None
+        and type(gather_dim) is int
+        and gather_dim == 0
+        and x.ndim
+        and (x.flags.c_contiguous)
+    ):  # the common case
         return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
@@ -136,11 +171,12 @@ def all_gather_into_tensor(
             request = backend.iallgather(comm, send, out)
             return launch(fn, g, request, lambda: dim_back(out, dim), send)
         return dim_back(backend.allgather(comm, send, out), dim)
-    checked = None if isinstance(sizes, str) and sizes == "auto" else check_sizes(
-        sizes, g.size, fn, "sizes")
+    checked = None if isinstance(sizes, str) and sizes == "auto" else check_sizes(sizes, g.size, fn, "sizes")
     if checked is not None and checked[g.rank] != x.shape[dim]:
-        raise ValueError(f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
-                         f"{checked[g.rank]}, got shape {x.shape}")
+        raise ValueError(
+            f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
+            f"{checked[g.rank]}, got shape {x.shape}"
+        )
     return _all_gather_v(comm, g, x, dim, checked, async_op)
 
 
@@ -155,16 +191,40 @@ def _split_problem(meta: list[Any]) -> str | None:
             return f"rank {p} passed rows of shape {row} {dtype}, rank 0 {row0} {dtype0}"
         for q, (q_ins, _, _, _) in enumerate(meta if outs is not None else ()):
             if outs[q] != q_ins[p]:
-                return (f"rank {p} expects output_split_sizes[{q}] = {outs[q]} rows but "
-                        f"rank {q} sends {q_ins[p]} (its input_split_sizes[{p}])")
+                return (
+                    f"rank {p} expects output_split_sizes[{q}] = {outs[q]} rows but "
+                    f"rank {q} sends {q_ins[p]} (its input_split_sizes[{p}])"
+                )
     return None
 
 
 def _even_splits(x: np.ndarray, n: int, fn: str) -> list[int]:
     if x.shape[0] % n:
-        raise ValueError(f"{fn}: expected x.shape[0] divisible by the group's size {n} when "
-                         f"input_split_sizes is None, got shape {x.shape}")
+        raise ValueError(
+            f"{fn}: expected x.shape[0] divisible by the group's size {n} when "
+            f"input_split_sizes is None, got shape {x.shape}"
+        )
     return [x.shape[0] // n] * n
+
+
+@overload
+def all_to_all_single(
+    x: np.ndarray,
+    output_split_sizes: Sequence[int] | None = ...,
+    input_split_sizes: Sequence[int] | None = ...,
+    group: GroupArg = ...,
+    *,
+    async_op: Literal[False] = ...,
+) -> np.ndarray: ...
+@overload
+def all_to_all_single(
+    x: np.ndarray,
+    output_split_sizes: Sequence[int] | None = ...,
+    input_split_sizes: Sequence[int] | None = ...,
+    group: GroupArg = ...,
+    *,
+    async_op: Literal[True],
+) -> Work: ...
 
 
 def all_to_all_single(
@@ -174,7 +234,7 @@ def all_to_all_single(
     group: GroupArg = None,
     *,
     async_op: bool = False,
-) -> Any:
+) -> np.ndarray | Work:
     """Exchange rows (axis 0): block ``i`` of ``x`` goes to rank ``i``; the result is the
     blocks received, in rank order.
 
@@ -200,13 +260,18 @@ def all_to_all_single(
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(comm, send, out), lambda: out, send)
         return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
-    ins = (_even_splits(x, n, fn) if input_split_sizes is None
-           else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))
+    ins = (
+        _even_splits(x, n, fn)
+        if input_split_sizes is None
+        else check_sizes(input_split_sizes, n, fn, "input_split_sizes")
+    )
     if sum(ins) != x.shape[0]:
-        raise ValueError(f"{fn}: expected sum(input_split_sizes) == x.shape[0] == "
-                         f"{x.shape[0]}, got {ins} (sum {sum(ins)})")
-    outs = (None if output_split_sizes is None
-            else check_sizes(output_split_sizes, n, fn, "output_split_sizes"))
+        raise ValueError(
+            f"{fn}: expected sum(input_split_sizes) == x.shape[0] == {x.shape[0]}, got {ins} (sum {sum(ins)})"
+        )
+    outs = (
+        None if output_split_sizes is None else check_sizes(output_split_sizes, n, fn, "output_split_sizes")
+    )
     meta = backend.allgather_obj(comm, (ins, outs, x.shape[1:], str(x.dtype)))
     problem = _split_problem(meta)
     if problem is not None:

@@ -7,7 +7,7 @@ is a new array and the input is never written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Literal, overload
 
 import numpy as np
 
@@ -17,13 +17,22 @@ from fcoll.collectives import nonblocking
 from fcoll.collectives._plan import reduction_plan
 from fcoll.group import Group, member
 from fcoll.ops import Op
+from fcoll.work import Work
 
 GroupArg = Group | Sequence[int] | None
 
 
+@overload
+def all_reduce(
+    x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
+) -> np.ndarray: ...
+@overload
+def all_reduce(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work: ...
+
+
 def all_reduce(
     x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, async_op: bool = False
-) -> Any:
+) -> np.ndarray | Work:
     """Reduce ``x`` elementwise over every rank of ``group``; every rank gets the result.
 
     Returns a new array of ``x``'s shape and dtype; ``x`` is not modified.
@@ -49,10 +58,24 @@ def all_reduce(
     return plan.finish(plan.allreduce(comm, plan.wire(x)))
 
 
+@overload
 def reduce(
-    x: np.ndarray, dst: int = 0, op: Op = "sum", group: GroupArg = None, *,
+    x: np.ndarray, dst: int = ..., op: Op = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
+) -> np.ndarray | None: ...
+@overload
+def reduce(
+    x: np.ndarray, dst: int = ..., op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]
+) -> Work: ...
+
+
+def reduce(
+    x: np.ndarray,
+    dst: int = 0,
+    op: Op = "sum",
+    group: GroupArg = None,
+    *,
     async_op: bool = False,
-) -> Any:
+) -> np.ndarray | Work | None:
     """Reduce ``x`` over ``group`` onto group rank ``dst``; other ranks get ``None``.
 
     Example:
@@ -75,10 +98,29 @@ def _blocks_first(x: np.ndarray, dim: int, n: int) -> np.ndarray:
     return np.moveaxis(x.reshape(shape), dim, 0)
 
 
+@overload
 def reduce_scatter_tensor(
-    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, scatter_dim: int = 0,
+    x: np.ndarray,
+    op: Op = ...,
+    group: GroupArg = ...,
+    *,
+    scatter_dim: int = ...,
+    async_op: Literal[False] = ...,
+) -> np.ndarray: ...
+@overload
+def reduce_scatter_tensor(
+    x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, scatter_dim: int = ..., async_op: Literal[True]
+) -> Work: ...
+
+
+def reduce_scatter_tensor(
+    x: np.ndarray,
+    op: Op = "sum",
+    group: GroupArg = None,
+    *,
+    scatter_dim: int = 0,
     async_op: bool = False,
-) -> Any:
+) -> np.ndarray | Work:
     """Reduce ``x`` over ``group``, then keep block ``rank`` of ``n`` along ``scatter_dim``.
 
     ``x.shape[scatter_dim]`` must be divisible by the group's size.
@@ -92,13 +134,21 @@ def reduce_scatter_tensor(
     g, comm = member(group, fn)
     n = g.size
     plan = reduction_plan(x, op, g, fn)
-    if (not async_op and plan.direct and type(scatter_dim) is int and scatter_dim == 0 and x.ndim
-            and x.shape[0] % n == 0 and x.flags.c_contiguous):  # the common case
+    if (
+        not async_op
+        and plan.direct
+        and type(scatter_dim) is int
+        and scatter_dim == 0
+        and x.ndim
+        and x.shape[0] % n == 0
+        and x.flags.c_contiguous
+    ):  # the common case
         return backend.reduce_scatter_block(comm, x, plan.mpi_op)
     dim = check_dim(x, scatter_dim, fn, "scatter_dim")
     if x.shape[dim] % n:
-        raise ValueError(f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's "
-                         f"size {n}, got shape {x.shape}")
+        raise ValueError(
+            f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's size {n}, got shape {x.shape}"
+        )
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     if async_op:
