@@ -165,15 +165,6 @@ def allgather_obj(comm: Any, obj: object) -> list[Any]:
     return list(comm.allgather(obj))
 
 
-def alltoall_obj(comm: Any, objs: Sequence[object]) -> list[Any]:
-    return list(comm.alltoall(list(objs)))
-
-
-def gather_obj(comm: Any, obj: object, root: int) -> list[Any] | None:
-    out = comm.gather(obj, root=root)
-    return None if out is None else list(out)
-
-
 def scatter_obj(comm: Any, objs: Sequence[object] | None, root: int) -> Any:
     return comm.scatter(None if objs is None else list(objs), root=root)
 
