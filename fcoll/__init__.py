@@ -9,7 +9,8 @@ Example:
     array([10.])
 """
 
-from fcoll._runtime import init, is_initialized, world
+from fcoll._debug import CollectiveMismatchError
+from fcoll._runtime import abort, init, is_initialized, world
 from fcoll.collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -28,6 +29,7 @@ from fcoll.collectives import (
     scatter,
 )
 from fcoll.group import Group, get_rank, get_world_size, new_group
+from fcoll.monitor import monitored_barrier
 from fcoll.objects import all_gather_object, broadcast_object, gather_object, scatter_object
 from fcoll.ops import ReduceOp, premul_sum
 from fcoll.p2p import P2POp, batch_isend_irecv, irecv, isend, permute_tensor, recv, send
@@ -37,11 +39,13 @@ from fcoll.work import CollectiveTimeoutError, Work, wait_all
 __version__ = "0.1.0"
 
 __all__ = [
+    "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "Group",
     "P2POp",
     "ReduceOp",
     "Work",
+    "abort",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced",
@@ -62,6 +66,7 @@ __all__ = [
     "irecv",
     "is_initialized",
     "isend",
+    "monitored_barrier",
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",

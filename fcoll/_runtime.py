@@ -92,9 +92,10 @@ def to_seconds(timeout: Timeout, name: str = "timeout") -> float | None:
 
 
 def _debug_level(debug: str | None) -> str:
+    name = "init: expected debug" if debug is not None else "FCOLL_DEBUG: expected"
     value = debug if debug is not None else os.environ.get("FCOLL_DEBUG", "off")
     if not isinstance(value, str) or value.lower() not in _DEBUG_LEVELS:
-        raise ValueError(f"init: expected debug in {_DEBUG_LEVELS}, got {value!r}")
+        raise ValueError(f"{name} one of {_DEBUG_LEVELS} (any case), got {value!r}")
     return value.lower()
 
 
@@ -126,6 +127,18 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         _state.timeout = seconds
     if debug is not None or "FCOLL_DEBUG" in os.environ:
         _state.debug = level
+
+
+def abort(code: int = 1) -> None:
+    """End the whole job now (``MPI_Abort`` on every process), e.g. after a timeout.
+
+    Example:
+        >>> try:
+        ...     fc.all_reduce(x)
+        ... except fc.CollectiveTimeoutError:
+        ...     fc.abort(3)           # mpiexec exits non-zero, every rank stops
+    """
+    mpi().COMM_WORLD.Abort(code)
 
 
 def is_initialized() -> bool:

@@ -7,11 +7,14 @@ of another. `resolve_group` is the one place that turns a ``group=`` argument in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from fcoll import _runtime
 from fcoll._runtime import Timeout, to_seconds
+from fcoll.backends import mpi as backend
+from fcoll.work import Deadline
 
 
 class Group:
@@ -38,6 +41,8 @@ class Group:
         self.timeout = timeout
         self.plans: dict[Any, Any] = {}  # per-(op, dtype) reduction plans of fcoll.collectives
         self.pending: list[Any] = []  # operations in flight (fcoll.work.Operation), oldest first
+        self.seq = 0  # calls made on the group by this process
+        self.broken: str | None = None  # why the group is unusable (a missed deadline)
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -71,6 +76,9 @@ class Group:
         """
         if self._destroyed:
             raise ValueError(f"{fn}: expected a live group, got {self!r}, which was destroyed")
+        if self.broken is not None:
+            raise RuntimeError(f"{fn}: group {list(self._ranks)} is unusable: {self.broken}; "
+                               "fcoll.abort() ends the job")
         if self._comm is None:
             me = _runtime.world().rank
             raise ValueError(
@@ -204,8 +212,12 @@ def resolve_group(group: object, fn: str) -> Group:
 def member(group: object, fn: str) -> tuple[Group, Any]:
     """`resolve_group` plus the group's communicator; `ValueError` unless a live member."""
     g = (_runtime._state.world or _runtime.world()) if group is None else resolve_group(group, fn)
-    if g._comm is None or g._destroyed:
+    if g._comm is None or g._destroyed or g.broken is not None:
         g.comm(fn)  # raises the documented error
+    g.seq += 1
+    timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
+    backend.DEADLINE = (None if timeout is None
+                        else Deadline(timeout, fn, g, g.seq, time.monotonic()))
     return g, g._comm
 
 

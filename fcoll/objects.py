@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._validate import check_rank
 from fcoll.backends import mpi as backend
 from fcoll.group import Group, member
@@ -65,7 +66,9 @@ def all_gather_object(obj: object, group: GroupArg = None) -> list[Any]:
         [{'rank': 0}, {'rank': 1}]
     """
     fn = "all_gather_object"
-    _, comm = member(group, fn)
+    g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug)
     payload, error = _dumps(obj)
     sizes = _gathered_sizes(comm, payload, error, fn)
     buf = backend.allgatherv(comm, np.frombuffer(payload, np.uint8),
@@ -77,6 +80,8 @@ def gather_object(obj: object, dst: int = 0, group: GroupArg = None) -> list[Any
     """The list of every rank's ``obj`` on group rank ``dst``; ``None`` elsewhere."""
     fn = "gather_object"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, dst=dst)
     root = check_rank(dst, g.size, fn, "dst")
     payload, error = _dumps(obj)
     sizes = _gathered_sizes(comm, payload, error, fn)
@@ -94,6 +99,8 @@ def broadcast_object(obj: object, src: int = 0, group: GroupArg = None) -> Any:
     """
     fn = "broadcast_object"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, src=src)
     root = check_rank(src, g.size, fn, "src")
     payload, error = _dumps(obj) if g.rank == root else (b"", None)
     size = backend.bcast_obj(comm, -1 if error else len(payload), root)
@@ -106,6 +113,8 @@ def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = N
     """Rank ``r`` gets ``objs[r]`` of group rank ``src``; other ranks pass ``None``."""
     fn = "scatter_object"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, src=src)
     root = check_rank(src, g.size, fn, "src")
     if g.rank == root:
         if isinstance(objs, (str, bytes)) or not isinstance(objs, Sequence) or len(objs) != g.size:

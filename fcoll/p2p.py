@@ -10,18 +10,21 @@ messages between two ranks on one tag in order, so header and data always pair u
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_rank
+from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.group import Group, member, resolve_group
-from fcoll.work import Operation, RequestOperation, Work
+from fcoll.work import Operation, RequestOperation, Work, timed_out, wait_request
 
 GroupArg = Group | Sequence[int] | None
 MPI = mpi()
@@ -30,8 +33,10 @@ INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header 
 _INLINE, _SEPARATE = 1, 2
 _DTYPES = sorted(SUPPORTED, key=str)
 _DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
-_MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1
-PERMUTE_TAG = _MAX_TAG * 2 + 2  # above every user tag's pair
+_MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1024
+# Tags fcoll uses itself, above every user tag's pair (2 * tag, 2 * tag + 1).
+PERMUTE_TAG = _MAX_TAG * 2 + 2
+MONITOR_TAG = PERMUTE_TAG + 1  # monitored_barrier: MONITOR_TAG + 2 * (seq % 512) (+ 1)
 
 
 def _tag(tag: object, fn: str) -> int:
@@ -73,6 +78,28 @@ def _inline(buf: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...], offse
     return np.ndarray(shape, dtype, buffer=buf, offset=offset)
 
 
+def _send(comm: Any, buf: Any, peer: int, tag: int) -> None:
+    """A blocking send, bounded by the call's deadline when one is set."""
+    if backend.DEADLINE is None:
+        comm.Send([buf, BYTE], peer, tag)
+    else:
+        wait_request(comm.Isend([buf, BYTE], peer, tag), backend.DEADLINE)
+
+
+def _probe(comm: Any, source: int, tag: int, status: Any) -> Any:
+    """A matched probe, bounded by the call's deadline when one is set."""
+    deadline = backend.DEADLINE
+    if deadline is None:
+        return comm.Mprobe(source, tag, status)
+    pause = 1e-6
+    while (message := comm.Improbe(source, tag, status)) is None:
+        if time.monotonic() - deadline.start > deadline.seconds:
+            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.seq)
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    return message
+
+
 def _peer(peer: object, g: Group, fn: str, name: str, self_ok: bool) -> int:
     rank = check_rank(peer, g.size, fn, name)
     if rank == g.rank and not self_ok:
@@ -94,10 +121,10 @@ def send(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> None:
     check_array(x, "send")
     tag = _tag(tag, "send")
     if x.nbytes <= INLINE_LIMIT:
-        comm.Send([_packed(x), BYTE], peer, 2 * tag)
+        _send(comm, _packed(x), peer, 2 * tag)
         return
-    comm.Send([_header(x, _SEPARATE), BYTE], peer, 2 * tag)
-    comm.Send([c_order(x), BYTE], peer, 2 * tag + 1)
+    _send(comm, _header(x, _SEPARATE), peer, 2 * tag)
+    _send(comm, c_order(x), peer, 2 * tag + 1)
 
 
 def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
@@ -114,7 +141,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     source = MPI.ANY_SOURCE if src is None else _peer(src, g, "recv", "src", self_ok=False)
     tag = _tag(tag, "recv")
     status = MPI.Status()
-    message = comm.Mprobe(source, 2 * tag, status)
+    message = _probe(comm, source, 2 * tag, status)
     buf = np.empty(status.Get_count(BYTE), np.uint8)
     message.Recv([buf, BYTE])
     kind, dtype, shape, offset = _parse(buf)
@@ -122,7 +149,8 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
         out = _inline(buf, dtype, shape, offset)
     else:
         out = np.empty(shape, dtype)
-        comm.Recv([out, BYTE], status.Get_source(), 2 * tag + 1)
+        data = _probe(comm, status.Get_source(), 2 * tag + 1, MPI.Status())
+        data.Recv([out, BYTE])
     return (out, status.Get_source()) if return_source else out
 
 
@@ -257,6 +285,8 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     """
     fn = "permute_tensor"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, x=x, src_dst=src_dst)
     check_array(x, fn)
     targets = _permutation(src_dst, g.size, fn)
     dst = targets[g.rank]
@@ -267,5 +297,9 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     requests = [comm.Irecv([out, BYTE], senders[0], PERMUTE_TAG)] if senders else []
     if dst is not None:
         requests.append(comm.Isend([c_order(x), BYTE], dst, PERMUTE_TAG))
-    MPI.Request.Waitall(requests)
+    if backend.DEADLINE is None:
+        MPI.Request.Waitall(requests)
+    else:
+        for request in requests:
+            wait_request(request, backend.DEADLINE)
     return out

@@ -12,6 +12,7 @@ import abc
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from fcoll import _runtime
@@ -19,7 +20,42 @@ from fcoll._runtime import Timeout, to_seconds
 
 
 class CollectiveTimeoutError(TimeoutError):
-    """An operation did not complete before its deadline."""
+    """An operation did not complete before its deadline.
+
+    The message names the operation, the group's ranks, the deadline and the call's
+    sequence number on the group. The group is unusable afterwards.
+    """
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The deadline of one public call: ``seconds`` from ``start``."""
+
+    seconds: float
+    fn: str
+    group: Any
+    seq: int
+    start: float
+
+
+def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
+    """Mark ``group`` unusable and build the error for a call that missed its deadline."""
+    reason = (f"{fn} (call #{seq} on the group) did not complete within its "
+              f"{seconds:g} s deadline")
+    group.broken = reason
+    return CollectiveTimeoutError(
+        f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
+        "call, or died. The group is now unusable; fcoll.abort() ends the job")
+
+
+def wait_request(request: Any, deadline: Deadline) -> None:
+    """Poll ``request`` until it completes; raise `CollectiveTimeoutError` when late."""
+    pause = 1e-6
+    while not request.Test():
+        if time.monotonic() - deadline.start > deadline.seconds:
+            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.seq)
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
 
 
 class Operation(abc.ABC):
@@ -31,6 +67,7 @@ class Operation(abc.ABC):
         self.done = False
         self.value: Any = None
         self.source: int | None = None
+        self.seq = group.seq
         group.pending.append(self)
 
     @abc.abstractmethod
@@ -69,9 +106,8 @@ class Operation(abc.ABC):
             for other in list(self.group.pending):
                 if other is not self:
                     other.test()
-            if deadline is not None and time.monotonic() > deadline:
-                raise CollectiveTimeoutError(
-                    f"{self.name} on {self.group!r} did not complete within {timeout} s")
+            if deadline is not None and timeout is not None and time.monotonic() > deadline:
+                raise timed_out(self.name, self.group, timeout, self.seq)
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
@@ -133,7 +169,11 @@ class Work:
         self._waited = True
         if self._has_value:
             return self._value
-        seconds = _runtime.settings().timeout if timeout is None else to_seconds(timeout, "wait")
+        if timeout is None:
+            group_timeout = self._op.group.timeout
+            seconds = group_timeout if group_timeout is not None else _runtime.settings().timeout
+        else:
+            seconds = to_seconds(timeout, "wait")
         value = self._parent.wait(seconds) if self._parent is not None else self._op.finish(seconds)
         if self._then is not None:
             value = self._then(value)
@@ -179,7 +219,9 @@ def wait_all(works: Iterable[Work], timeout: Timeout = None) -> list[Any]:
     return [work.wait(timeout) for work in works]
 
 
-def complete_pending(group: Any) -> None:
-    """Complete every operation the group still has in flight, oldest first."""
+def complete_pending(group: Any, deadline: Deadline | None) -> None:
+    """Complete every operation the group still has in flight, oldest first, within the
+    deadline of the call in progress (if any)."""
     while group.pending:
-        group.pending[0].finish(None)
+        left = None if deadline is None else deadline.seconds - (time.monotonic() - deadline.start)
+        group.pending[0].finish(left if left is None else max(left, 0.0))

@@ -9,6 +9,8 @@ bfloat16 included, moves bit-exact; counts of the ``v`` variants are in bytes.
 
 from __future__ import annotations
 
+import itertools
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,17 @@ from fcoll._runtime import mpi
 MPI = mpi()
 BYTE = MPI.BYTE
 
+# The deadline of the public call in progress (set by `fcoll.group.member`), or None:
+# then every call below is MPI's blocking form; else its nonblocking form, polled until
+# done or late (`fcoll.work.wait_request`).
+DEADLINE: Any = None
+
+
+def _wait(request: Any) -> None:
+    from fcoll.work import wait_request
+
+    wait_request(request, DEADLINE)
+
 
 def _displs(counts: Sequence[int]) -> list[int]:
     return [0, *np.cumsum(counts[:-1], dtype=np.int64).tolist()] if counts else []
@@ -26,42 +39,63 @@ def _displs(counts: Sequence[int]) -> list[int]:
 
 def allreduce(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
     out = np.empty(send.shape, send.dtype)
-    comm.Allreduce(send, out, op)
+    if DEADLINE is None:
+        comm.Allreduce(send, out, op)
+    else:
+        _wait(comm.Iallreduce(send, out, op))
     return out
 
 
 def reduce(comm: Any, send: np.ndarray, op: Any, root: int) -> np.ndarray | None:
     out = np.empty(send.shape, send.dtype) if comm.Get_rank() == root else None
-    comm.Reduce(send, out, op, root)
+    if DEADLINE is None:
+        comm.Reduce(send, out, op, root)
+    else:
+        _wait(comm.Ireduce(send, out, op, root))
     return out
 
 
 def reduce_scatter_block(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
     """Block ``rank`` of ``send`` split evenly along axis 0, reduced."""
     out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
-    comm.Reduce_scatter_block(send, out, op)
+    if DEADLINE is None:
+        comm.Reduce_scatter_block(send, out, op)
+    else:
+        _wait(comm.Ireduce_scatter_block(send, out, op))
     return out
 
 
 def reduce_scatter(comm: Any, send: np.ndarray, counts: Sequence[int], op: Any) -> np.ndarray:
     out = np.empty(counts[comm.Get_rank()], send.dtype)
-    comm.Reduce_scatter(send, out, list(counts), op)
+    if DEADLINE is None:
+        comm.Reduce_scatter(send, out, list(counts), op)
+    else:
+        _wait(comm.Ireduce_scatter(send, out, list(counts), op))
     return out
 
 
 def bcast(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
-    comm.Bcast([buf, BYTE], root)
+    if DEADLINE is None:
+        comm.Bcast([buf, BYTE], root)
+    else:
+        _wait(comm.Ibcast([buf, BYTE], root))
     return buf
 
 
 def allgather(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    comm.Allgather([send, BYTE], [out, BYTE])
+    if DEADLINE is None:
+        comm.Allgather([send, BYTE], [out, BYTE])
+    else:
+        _wait(comm.Iallgather([send, BYTE], [out, BYTE]))
     return out
 
 
 def allgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     """``counts`` in bytes, one per rank."""
-    comm.Allgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
+    if DEADLINE is None:
+        comm.Allgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
+    else:
+        _wait(comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE]))
     return out
 
 
@@ -70,9 +104,15 @@ def gatherv(
 ) -> np.ndarray | None:
     """``out`` and ``counts`` (bytes) are read on ``root`` only."""
     if comm.Get_rank() != root:
-        comm.Gatherv([send, BYTE], None, root)
+        if DEADLINE is None:
+            comm.Gatherv([send, BYTE], None, root)
+        else:
+            _wait(comm.Igatherv([send, BYTE], None, root))
         return None
-    comm.Gatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root)
+    if DEADLINE is None:
+        comm.Gatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root)
+    else:
+        _wait(comm.Igatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root))
     return out
 
 
@@ -81,12 +121,18 @@ def scatterv(
 ) -> np.ndarray:
     """``send`` and ``counts`` (bytes) are read on ``root`` only."""
     spec = None if send is None else [send, (list(counts), _displs(counts)), BYTE]
-    comm.Scatterv(spec, [out, BYTE], root)
+    if DEADLINE is None:
+        comm.Scatterv(spec, [out, BYTE], root)
+    else:
+        _wait(comm.Iscatterv(spec, [out, BYTE], root))
     return out
 
 
 def alltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    comm.Alltoall([send, BYTE], [out, BYTE])
+    if DEADLINE is None:
+        comm.Alltoall([send, BYTE], [out, BYTE])
+    else:
+        _wait(comm.Ialltoall([send, BYTE], [out, BYTE]))
     return out
 
 
@@ -98,10 +144,12 @@ def alltoallv(
     recv_counts: Sequence[int],
 ) -> np.ndarray:
     """Counts in bytes, one per rank."""
-    comm.Alltoallv(
-        [send, (list(send_counts), _displs(send_counts)), BYTE],
-        [out, (list(recv_counts), _displs(recv_counts)), BYTE],
-    )
+    spec = ([send, (list(send_counts), _displs(send_counts)), BYTE],
+            [out, (list(recv_counts), _displs(recv_counts)), BYTE])
+    if DEADLINE is None:
+        comm.Alltoallv(*spec)
+    else:
+        _wait(comm.Ialltoallv(*spec))
     return out
 
 
@@ -150,24 +198,45 @@ def ialltoallv(comm: Any, send: np.ndarray, send_counts: Sequence[int], out: np.
 
 
 def barrier(comm: Any) -> None:
-    comm.Barrier()
+    if DEADLINE is None:
+        comm.Barrier()
+    else:
+        _wait(comm.Ibarrier())
 
 
 def allgather_ints(comm: Any, values: Sequence[int]) -> np.ndarray:
     """Every rank's ``values`` (same length everywhere) as an ``(n, len)`` int64 array."""
     send = np.asarray(values, dtype=np.int64)
     out = np.empty((comm.Get_size(), send.size), np.int64)
-    comm.Allgather(send, out)
+    if DEADLINE is None:
+        comm.Allgather(send, out)
+    else:
+        _wait(comm.Iallgather(send, out))
     return out
 
 
 def allgather_obj(comm: Any, obj: object) -> list[Any]:
-    return list(comm.allgather(obj))
-
-
-def scatter_obj(comm: Any, objs: Sequence[object] | None, root: int) -> Any:
-    return comm.scatter(None if objs is None else list(objs), root=root)
+    """Every rank's (small, fcoll-made) metadata object, via pickled bytes."""
+    payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = allgather_ints(comm, [payload.size])[:, 0].tolist()
+    buf = allgatherv(comm, payload, np.empty(sum(sizes), np.uint8), sizes)
+    offsets = np.cumsum([0, *sizes]).tolist()
+    return [pickle.loads(buf[a:b].tobytes()) for a, b in itertools.pairwise(offsets)]
 
 
 def bcast_obj(comm: Any, obj: object, root: int) -> Any:
-    return comm.bcast(obj, root=root)
+    """``root``'s (small) object on every rank, via pickled bytes."""
+    here = comm.Get_rank() == root
+    payload = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if here else b""
+    size = bcast(comm, np.array([len(payload)], np.int64), root)[0]
+    buf = np.frombuffer(payload, np.uint8).copy() if here else np.empty(size, np.uint8)
+    return pickle.loads(bcast(comm, buf, root).tobytes())
+
+
+def scatter_obj(comm: Any, objs: Sequence[object] | None, root: int) -> Any:
+    """Object ``objs[rank]`` of ``root`` on every rank, via pickled bytes."""
+    pickled = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs] if objs is not None else []
+    sizes = bcast_obj(comm, [len(p) for p in pickled], root)
+    send = np.frombuffer(b"".join(pickled), np.uint8) if objs is not None else None
+    buf = scatterv(comm, send, sizes, np.empty(sizes[comm.Get_rank()], np.uint8), root)
+    return pickle.loads(buf.tobytes())

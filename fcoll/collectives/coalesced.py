@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
 from fcoll.collectives._plan import reduction_plan
@@ -63,6 +64,8 @@ def all_reduce_coalesced(
     """
     fn = "all_reduce_coalesced"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
     arrays = _checked(xs, fn)
     plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
@@ -86,6 +89,8 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     """
     fn = "all_gather_into_tensor_coalesced"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, xs=xs)
     arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
     if not arrays:
         return []
@@ -111,6 +116,8 @@ def reduce_scatter_tensor_coalesced(
     """
     fn = "reduce_scatter_tensor_coalesced"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
     n = g.size
     arrays = _checked(xs, fn)
     for i, x in enumerate(arrays):

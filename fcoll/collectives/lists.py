@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._validate import check_array, check_arrays, check_rank
 from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
@@ -41,7 +42,9 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
         [array([0]), array([0, 1])]
     """
     fn = "all_gather"
-    _, comm = member(group, fn)
+    g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, x=x)
     meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
@@ -60,6 +63,8 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
     """
     fn = "gather"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, x=x, dst=dst)
     root = check_rank(dst, g.size, fn, "dst")
     meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
     dtype = _one_dtype([d for _, d in meta], fn)
@@ -80,6 +85,8 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
     """
     fn = "scatter"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, src=src)
     root = check_rank(src, g.size, fn, "src")
     if g.rank != root:
         if chunks is not None:
@@ -106,6 +113,8 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     """
     fn = "all_to_all"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     meta = backend.allgather_obj(comm, [_meta(a) for a in arrays])
     dtype = _one_dtype([row[0][1] for row in meta], fn)

@@ -11,6 +11,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
@@ -42,6 +43,8 @@ def broadcast(
         array([1])
     """
     g, comm = member(group, "broadcast")
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
     root = check_rank(src, g.size, "broadcast", "src")
     check_array(x, "broadcast")
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
@@ -60,7 +63,9 @@ def barrier(group: GroupArg = None) -> None:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
     g, comm = member(group, "barrier")
-    complete_pending(g)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, "barrier", _runtime._state.debug)
+    complete_pending(g, backend.DEADLINE)
     backend.barrier(comm)
 
 
@@ -151,6 +156,8 @@ def all_gather_into_tensor(
     """
     fn = "all_gather_into_tensor"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, x=x, gather_dim=gather_dim, sizes=sizes)
     check_array(x, fn)
     if (
         not async_op
@@ -249,6 +256,16 @@ def all_to_all_single(
     """
     fn = "all_to_all_single"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(
+            g,
+            comm,
+            fn,
+            _runtime._state.debug,
+            x=x,
+            output_split_sizes=output_split_sizes,
+            input_split_sizes=input_split_sizes,
+        )
     n = g.size
     check_array(x, fn)
     if x.ndim == 0:

@@ -11,6 +11,7 @@ from typing import Literal, overload
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._validate import check_arrays, check_dim, check_rank
 from fcoll.backends import mpi as backend
 from fcoll.collectives import nonblocking
@@ -50,6 +51,8 @@ def all_reduce(
         array([10.])
     """
     g, comm = member(group, "all_reduce")
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, "all_reduce", _runtime._state.debug, x=x, op=op)
     plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
         return nonblocking.all_reduce(comm, g, plan, x)
@@ -84,6 +87,8 @@ def reduce(
         array([6])
     """
     g, comm = member(group, "reduce")
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, "reduce", _runtime._state.debug, x=x, dst=dst, op=op)
     root = check_rank(dst, g.size, "reduce", "dst")
     plan = reduction_plan(x, op, g, "reduce")
     if async_op:
@@ -132,6 +137,8 @@ def reduce_scatter_tensor(
     """
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, x=x, op=op, scatter_dim=scatter_dim)
     n = g.size
     plan = reduction_plan(x, op, g, fn)
     if (
@@ -170,6 +177,8 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
     """
     fn = "reduce_scatter"
     g, comm = member(group, fn)
+    if _runtime._state.debug != "off":
+        _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks, op=op)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])

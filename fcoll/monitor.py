@@ -1,0 +1,94 @@
+"""`monitored_barrier`: a barrier that names the ranks that did not arrive.
+
+Every rank reports to group rank 0 with a point-to-point message; rank 0 waits for all
+reports until the deadline, then sends each rank that reported a verdict. Unlike a
+collective barrier, a missing rank cannot make the others hang past the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fcoll import _runtime
+from fcoll._runtime import Timeout, to_seconds
+from fcoll.group import Group, member
+from fcoll.p2p import BYTE, MONITOR_TAG
+
+GroupArg = Group | Sequence[int] | None
+_OK, _FAILED = 1, 0
+
+
+def _poll(requests: dict[int, Any], seconds: float, wait_all: bool) -> list[int]:
+    """Wait until every request completes, or the deadline passes; return the late ranks
+    (only the first one when ``wait_all`` is False and one is late)."""
+    deadline = time.monotonic() + seconds
+    pause = 1e-5
+    while requests and time.monotonic() < deadline:
+        for rank in [r for r, req in requests.items() if req.Test()]:
+            del requests[rank]
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-2)
+    late = sorted(requests)
+    return late if wait_all else late[:1]
+
+
+def _names(ranks: list[int]) -> str:
+    return (f"Rank {ranks[0]}" if len(ranks) == 1
+            else "Ranks " + ", ".join(str(r) for r in ranks))
+
+
+def monitored_barrier(group: GroupArg = None, timeout: Timeout = None, *,
+                      wait_all_ranks: bool = False) -> None:
+    """A barrier that fails, instead of hanging, when some rank does not arrive in time.
+
+    On group rank 0 a missing rank raises ``RuntimeError("Rank 1 failed to pass
+    monitored_barrier ...")`` (with ``wait_all_ranks=True``: every missing rank, "Ranks 1,
+    2 ..."); the ranks that did arrive raise saying rank 0 reported a failure. ``timeout``
+    defaults to the group's, then `fcoll.init`'s, then 30 s.
+
+    Example:
+        >>> fc.monitored_barrier(timeout=5)      # every rank; returns once all arrived
+    """
+    fn = "monitored_barrier"
+    g, comm = member(group, fn)
+    seconds = to_seconds(timeout, "timeout")
+    seconds = seconds or g.timeout or _runtime.settings().timeout or 30.0
+    tag = MONITOR_TAG + 2 * (g.seq % 512)
+    if g.rank == 0:
+        _gather_reports(g, comm, tag, seconds, wait_all_ranks)
+    else:
+        _report(g, comm, tag, seconds)
+
+
+def _gather_reports(g: Group, comm: Any, tag: int, seconds: float, wait_all: bool) -> None:
+    flags = {r: np.zeros(1, np.int8) for r in range(1, g.size)}
+    requests = {r: comm.Irecv([flag, BYTE], r, tag) for r, flag in flags.items()}
+    late = _poll(requests, seconds, wait_all)
+    for request in requests.values():
+        request.Cancel()
+    verdict = np.array([_FAILED if late else _OK], np.int8)
+    arrived = [r for r in flags if r not in requests]
+    for rank in arrived:
+        comm.Isend([verdict, BYTE], rank, tag + 1).Wait()
+    if late:
+        raise RuntimeError(f"{_names(late)} failed to pass monitored_barrier in {seconds:g} s "
+                           f"(group ranks {list(g.ranks)})")
+
+
+def _report(g: Group, comm: Any, tag: int, seconds: float) -> None:
+    send = comm.Isend([np.ones(1, np.int8), BYTE], 0, tag)
+    verdict = np.zeros(1, np.int8)
+    receive = comm.Irecv([verdict, BYTE], 0, tag + 1)
+    if _poll({0: receive}, seconds * 2, True):
+        receive.Cancel()
+        send.Cancel()
+        raise RuntimeError(f"Rank {g.rank} timed out in monitored_barrier: rank 0 sent no "
+                           f"verdict within {2 * seconds:g} s")
+    send.Wait()
+    if verdict[0] != _OK:
+        raise RuntimeError(f"Rank {g.rank}: rank 0 reported a failure in monitored_barrier "
+                           "(some rank did not arrive in time); see rank 0's error")
