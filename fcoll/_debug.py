@@ -46,9 +46,9 @@ def _table(fn: str, group: Any, rows: list[dict[str, str]]) -> str:
 
 def check(group: Any, comm: Any, fn: str, level: str, **fields: object) -> None:
     """Log the call (``info``) and, under ``detail``, compare it across the group's ranks."""
-    described = {"rank": str(group.rank), "call": fn, "seq": str(group.seq),
+    described = {"rank": str(group.rank), "call": fn, "seq": str(group.seq + 1),
                  **{k: _describe(v) for k, v in fields.items()}}
-    log.info("rank %s: %s #%s %s", group.rank, fn, group.seq,
+    log.info("rank %s: %s #%s %s", group.rank, fn, group.seq + 1,
              " ".join(f"{k}={v}" for k, v in list(described.items())[3:]))
     if level != "detail":
         return

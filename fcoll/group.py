@@ -43,6 +43,7 @@ class Group:
         self.pending: list[Any] = []  # operations in flight (fcoll.work.Operation), oldest first
         self.seq = 0  # calls made on the group by this process
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
+        self.monitor_epoch = 0  # monitored_barrier calls made on the group
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -214,10 +215,9 @@ def member(group: object, fn: str) -> tuple[Group, Any]:
     g = (_runtime._state.world or _runtime.world()) if group is None else resolve_group(group, fn)
     if g._comm is None or g._destroyed or g.broken is not None:
         g.comm(fn)  # raises the documented error
-    g.seq += 1
+    backend.CALL = g  # counted in g.seq once the call communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
-    backend.DEADLINE = (None if timeout is None
-                        else Deadline(timeout, fn, g, g.seq, time.monotonic()))
+    backend.DEADLINE = None if timeout is None else Deadline(timeout, fn, g, time.monotonic())
     return g, g._comm
 
 

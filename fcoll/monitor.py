@@ -22,14 +22,16 @@ GroupArg = Group | Sequence[int] | None
 _OK, _FAILED = 1, 0
 
 
-def _poll(requests: dict[int, Any], seconds: float, wait_all: bool) -> list[int]:
-    """Wait until every request completes, or the deadline passes; return the late ranks
-    (only the first one when ``wait_all`` is False and one is late)."""
+def _poll(requests: dict[int, Any], seconds: float, wait_all: bool,
+          accept: Any = None) -> list[int]:
+    """Wait until every request completes (and ``accept(rank)`` agrees), or the deadline
+    passes; return the late ranks (only the first when ``wait_all`` is False)."""
     deadline = time.monotonic() + seconds
     pause = 1e-5
     while requests and time.monotonic() < deadline:
         for rank in [r for r, req in requests.items() if req.Test()]:
-            del requests[rank]
+            if accept is None or accept(rank):
+                del requests[rank]
         time.sleep(pause)
         pause = min(2 * pause, 1e-2)
     late = sorted(requests)
@@ -57,7 +59,8 @@ def monitored_barrier(group: GroupArg = None, timeout: Timeout = None, *,
     g, comm = member(group, fn)
     seconds = to_seconds(timeout, "timeout")
     seconds = seconds or g.timeout or _runtime.settings().timeout or 30.0
-    tag = MONITOR_TAG + 2 * (g.seq % 512)
+    tag = MONITOR_TAG
+    g.monitor_epoch += 1  # reports carry it, so a late report of an earlier call is skipped
     if g.rank == 0:
         _gather_reports(g, comm, tag, seconds, wait_all_ranks)
     else:
@@ -65,9 +68,16 @@ def monitored_barrier(group: GroupArg = None, timeout: Timeout = None, *,
 
 
 def _gather_reports(g: Group, comm: Any, tag: int, seconds: float, wait_all: bool) -> None:
-    flags = {r: np.zeros(1, np.int8) for r in range(1, g.size)}
+    flags = {r: np.zeros(1, np.int64) for r in range(1, g.size)}
     requests = {r: comm.Irecv([flag, BYTE], r, tag) for r, flag in flags.items()}
-    late = _poll(requests, seconds, wait_all)
+
+    def current(rank: int) -> bool:
+        if flags[rank][0] == g.monitor_epoch:
+            return True
+        requests[rank] = comm.Irecv([flags[rank], BYTE], rank, tag)  # a stale report
+        return False
+
+    late = _poll(requests, seconds, wait_all, current)
     for request in requests.values():
         request.Cancel()
     verdict = np.array([_FAILED if late else _OK], np.int8)
@@ -80,7 +90,7 @@ def _gather_reports(g: Group, comm: Any, tag: int, seconds: float, wait_all: boo
 
 
 def _report(g: Group, comm: Any, tag: int, seconds: float) -> None:
-    send = comm.Isend([np.ones(1, np.int8), BYTE], 0, tag)
+    send = comm.Isend([np.array([g.monitor_epoch], np.int64), BYTE], 0, tag)
     verdict = np.zeros(1, np.int8)
     receive = comm.Irecv([verdict, BYTE], 0, tag + 1)
     if _poll({0: receive}, seconds * 2, True):

@@ -36,7 +36,7 @@ _DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
 _MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1024
 # Tags fcoll uses itself, above every user tag's pair (2 * tag, 2 * tag + 1).
 PERMUTE_TAG = _MAX_TAG * 2 + 2
-MONITOR_TAG = PERMUTE_TAG + 1  # monitored_barrier: MONITOR_TAG + 2 * (seq % 512) (+ 1)
+MONITOR_TAG = PERMUTE_TAG + 1  # monitored_barrier: reports on this tag, verdicts on + 1
 
 
 def _tag(tag: object, fn: str) -> int:
@@ -94,7 +94,7 @@ def _probe(comm: Any, source: int, tag: int, status: Any) -> Any:
     pause = 1e-6
     while (message := comm.Improbe(source, tag, status)) is None:
         if time.monotonic() - deadline.start > deadline.seconds:
-            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.seq)
+            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.group.seq)
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
     return message

@@ -34,7 +34,6 @@ class Deadline:
     seconds: float
     fn: str
     group: Any
-    seq: int
     start: float
 
 
@@ -53,7 +52,7 @@ def wait_request(request: Any, deadline: Deadline) -> None:
     pause = 1e-6
     while not request.Test():
         if time.monotonic() - deadline.start > deadline.seconds:
-            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.seq)
+            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.group.seq)
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
 

@@ -25,6 +25,16 @@ BYTE = MPI.BYTE
 # then every call below is MPI's blocking form; else its nonblocking form, polled until
 # done or late (`fcoll.work.wait_request`).
 DEADLINE: Any = None
+# The group of the public call in progress until that call first communicates; then its
+# sequence number is counted. Calls that fail their local checks are therefore not
+# counted, and the numbers stay equal across ranks.
+CALL: Any = None
+
+
+def _begin() -> None:
+    global CALL
+    CALL.seq += 1
+    CALL = None
 
 
 def _wait(request: Any) -> None:
@@ -38,6 +48,8 @@ def _displs(counts: Sequence[int]) -> list[int]:
 
 
 def allreduce(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
+    if CALL is not None:
+        _begin()
     out = np.empty(send.shape, send.dtype)
     if DEADLINE is None:
         comm.Allreduce(send, out, op)
@@ -47,6 +59,8 @@ def allreduce(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
 
 
 def reduce(comm: Any, send: np.ndarray, op: Any, root: int) -> np.ndarray | None:
+    if CALL is not None:
+        _begin()
     out = np.empty(send.shape, send.dtype) if comm.Get_rank() == root else None
     if DEADLINE is None:
         comm.Reduce(send, out, op, root)
@@ -57,6 +71,8 @@ def reduce(comm: Any, send: np.ndarray, op: Any, root: int) -> np.ndarray | None
 
 def reduce_scatter_block(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
     """Block ``rank`` of ``send`` split evenly along axis 0, reduced."""
+    if CALL is not None:
+        _begin()
     out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
     if DEADLINE is None:
         comm.Reduce_scatter_block(send, out, op)
@@ -66,6 +82,8 @@ def reduce_scatter_block(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
 
 
 def reduce_scatter(comm: Any, send: np.ndarray, counts: Sequence[int], op: Any) -> np.ndarray:
+    if CALL is not None:
+        _begin()
     out = np.empty(counts[comm.Get_rank()], send.dtype)
     if DEADLINE is None:
         comm.Reduce_scatter(send, out, list(counts), op)
@@ -75,6 +93,8 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: Sequence[int], op: Any) 
 
 
 def bcast(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
+    if CALL is not None:
+        _begin()
     if DEADLINE is None:
         comm.Bcast([buf, BYTE], root)
     else:
@@ -83,6 +103,8 @@ def bcast(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
 
 
 def allgather(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    if CALL is not None:
+        _begin()
     if DEADLINE is None:
         comm.Allgather([send, BYTE], [out, BYTE])
     else:
@@ -92,6 +114,8 @@ def allgather(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def allgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     """``counts`` in bytes, one per rank."""
+    if CALL is not None:
+        _begin()
     if DEADLINE is None:
         comm.Allgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
     else:
@@ -103,6 +127,8 @@ def gatherv(
     comm: Any, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int
 ) -> np.ndarray | None:
     """``out`` and ``counts`` (bytes) are read on ``root`` only."""
+    if CALL is not None:
+        _begin()
     if comm.Get_rank() != root:
         if DEADLINE is None:
             comm.Gatherv([send, BYTE], None, root)
@@ -120,6 +146,8 @@ def scatterv(
     comm: Any, send: np.ndarray | None, counts: Sequence[int], out: np.ndarray, root: int
 ) -> np.ndarray:
     """``send`` and ``counts`` (bytes) are read on ``root`` only."""
+    if CALL is not None:
+        _begin()
     spec = None if send is None else [send, (list(counts), _displs(counts)), BYTE]
     if DEADLINE is None:
         comm.Scatterv(spec, [out, BYTE], root)
@@ -129,6 +157,8 @@ def scatterv(
 
 
 def alltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    if CALL is not None:
+        _begin()
     if DEADLINE is None:
         comm.Alltoall([send, BYTE], [out, BYTE])
     else:
@@ -144,6 +174,8 @@ def alltoallv(
     recv_counts: Sequence[int],
 ) -> np.ndarray:
     """Counts in bytes, one per rank."""
+    if CALL is not None:
+        _begin()
     spec = ([send, (list(send_counts), _displs(send_counts)), BYTE],
             [out, (list(recv_counts), _displs(recv_counts)), BYTE])
     if DEADLINE is None:
@@ -158,39 +190,57 @@ def alltoallv(
 
 
 def iallreduce(comm: Any, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Iallreduce(send, out, op)
 
 
 def ireduce(comm: Any, send: np.ndarray, out: np.ndarray | None, op: Any, root: int) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Ireduce(send, out, op, root)
 
 
 def ireduce_scatter_block(comm: Any, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Ireduce_scatter_block(send, out, op)
 
 
 def ibcast(comm: Any, buf: np.ndarray, root: int) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Ibcast([buf, BYTE], root)
 
 
 def iallgather(comm: Any, send: np.ndarray, out: np.ndarray) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Iallgather([send, BYTE], [out, BYTE])
 
 
 def iallgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
 
 
 def igather(comm: Any, send: np.ndarray, out: np.ndarray | None, root: int) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Igather([send, BYTE], None if out is None else [out, BYTE], root)
 
 
 def ialltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Ialltoall([send, BYTE], [out, BYTE])
 
 
 def ialltoallv(comm: Any, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
                recv_counts: Sequence[int]) -> Any:
+    if CALL is not None:
+        _begin()
     return comm.Ialltoallv(
         [send, (list(send_counts), _displs(send_counts)), BYTE],
         [out, (list(recv_counts), _displs(recv_counts)), BYTE],
@@ -198,6 +248,8 @@ def ialltoallv(comm: Any, send: np.ndarray, send_counts: Sequence[int], out: np.
 
 
 def barrier(comm: Any) -> None:
+    if CALL is not None:
+        _begin()
     if DEADLINE is None:
         comm.Barrier()
     else:
@@ -206,6 +258,8 @@ def barrier(comm: Any) -> None:
 
 def allgather_ints(comm: Any, values: Sequence[int]) -> np.ndarray:
     """Every rank's ``values`` (same length everywhere) as an ``(n, len)`` int64 array."""
+    if CALL is not None:
+        _begin()
     send = np.asarray(values, dtype=np.int64)
     out = np.empty((comm.Get_size(), send.size), np.int64)
     if DEADLINE is None:
