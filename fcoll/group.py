@@ -44,6 +44,7 @@ class Group:
         self.seq = 0  # calls made on the group by this process
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
+        self.deadline = Deadline(0.0, "", self, 0.0)  # of the call in progress, if timed
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -217,7 +218,11 @@ def member(group: object, fn: str) -> tuple[Group, Any]:
         g.comm(fn)  # raises the documented error
     backend.CALL = g  # counted in g.seq once the call communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
-    backend.DEADLINE = None if timeout is None else Deadline(timeout, fn, g, time.monotonic())
+    if timeout is None:
+        backend.DEADLINE = None
+    else:
+        deadline = backend.DEADLINE = g.deadline
+        deadline.seconds, deadline.fn, deadline.start = timeout, fn, time.monotonic()
     return g, g._comm
 
 

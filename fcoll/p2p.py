@@ -24,7 +24,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.group import Group, member, resolve_group
-from fcoll.work import Operation, RequestOperation, Work, timed_out, wait_request
+from fcoll.work import Operation, RequestOperation, Work, backoff, timed_out, wait_request
 
 GroupArg = Group | Sequence[int] | None
 MPI = mpi()
@@ -91,12 +91,11 @@ def _probe(comm: Any, source: int, tag: int, status: Any) -> Any:
     deadline = backend.DEADLINE
     if deadline is None:
         return comm.Mprobe(source, tag, status)
-    pause = 1e-6
+    pause, started = 1e-5, time.monotonic()
     while (message := comm.Improbe(source, tag, status)) is None:
         if time.monotonic() - deadline.start > deadline.seconds:
             raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.group.seq)
-        time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
+        pause = backoff(started, pause)
     return message
 
 

@@ -12,7 +12,6 @@ import abc
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from fcoll import _runtime
@@ -27,14 +26,17 @@ class CollectiveTimeoutError(TimeoutError):
     """
 
 
-@dataclass(frozen=True)
 class Deadline:
-    """The deadline of one public call: ``seconds`` from ``start``."""
+    """The deadline of the public call in progress on a group: ``seconds`` from ``start``.
 
-    seconds: float
-    fn: str
-    group: Any
-    start: float
+    Each group keeps one and `fcoll.group.member` refreshes it per call (cheaper than a
+    new object on the small-message path).
+    """
+
+    __slots__ = ("fn", "group", "seconds", "start")
+
+    def __init__(self, seconds: float, fn: str, group: Any, start: float) -> None:
+        self.seconds, self.fn, self.group, self.start = seconds, fn, group, start
 
 
 def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
@@ -47,14 +49,28 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
         "call, or died. The group is now unusable; fcoll.abort() ends the job")
 
 
+SPIN_SECONDS = 2e-3  # busy-poll this long before sleeping between polls
+
+
+def backoff(started: float, pause: float) -> float:
+    """Sleep (after the first ``SPIN_SECONDS`` of busy polling) and return the next pause.
+
+    A sleep lasts at least ~50 µs on Linux, far longer than a small collective takes, so
+    polls spin at first, as MPI's own blocking calls do, then back off to at most 1 ms.
+    """
+    if time.monotonic() - started < SPIN_SECONDS:
+        return pause
+    time.sleep(pause)
+    return min(2 * pause, 1e-3)
+
+
 def wait_request(request: Any, deadline: Deadline) -> None:
     """Poll ``request`` until it completes; raise `CollectiveTimeoutError` when late."""
-    pause = 1e-6
+    pause, started = 1e-5, time.monotonic()
     while not request.Test():
         if time.monotonic() - deadline.start > deadline.seconds:
             raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.group.seq)
-        time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
+        pause = backoff(started, pause)
 
 
 class Operation(abc.ABC):
@@ -99,16 +115,16 @@ class Operation(abc.ABC):
         return self.value
 
     def _poll(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 1e-6
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        pause = 1e-5
         while not self._advance():
             for other in list(self.group.pending):
                 if other is not self:
                     other.test()
             if deadline is not None and timeout is not None and time.monotonic() > deadline:
                 raise timed_out(self.name, self.group, timeout, self.seq)
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+            pause = backoff(started, pause)
 
     def _complete(self) -> None:
         self.done = True
