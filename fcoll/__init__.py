@@ -9,6 +9,7 @@ Example:
     array([10.])
 """
 
+from fcoll import dp
 from fcoll._debug import CollectiveMismatchError
 from fcoll._runtime import abort, init, is_initialized, world
 from fcoll.collectives import (
@@ -58,6 +59,7 @@ __all__ = [
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object",
+    "dp",
     "gather",
     "gather_object",
     "get_rank",

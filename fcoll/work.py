@@ -111,14 +111,15 @@ class Operation(abc.ABC):
             self._block()
         else:
             self._poll(timeout)
-        self._complete()
+        if not self.done:  # polling the others may have completed this one already
+            self._complete()
         return self.value
 
     def _poll(self, timeout: float | None) -> None:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         pause = 1e-5
-        while not self._advance():
+        while not self.done and not self._advance():
             for other in list(self.group.pending):
                 if other is not self:
                     other.test()

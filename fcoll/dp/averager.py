@@ -1,0 +1,219 @@
+"""Gradient averaging: buckets, overlap with backprop, no_sync accumulation, compression.
+
+Leaves are packed, per dtype, into flat buckets of up to ``bucket_cap_mb`` in reverse
+leaf order (the order backprop produces gradients, as DDP does). Each bucket travels as
+one nonblocking all-reduce, through a *hook* that returns the bucket's average: plain
+`allreduce_hook`, or `fp16_compress_hook` / `bf16_compress_hook`, which divide by the
+group size, cast to half precision for the wire and cast back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import optree
+
+from fcoll.collectives import all_reduce
+from fcoll.group import Group, resolve_group
+from fcoll.work import Operation, Work
+
+GroupArg = Group | Sequence[int] | None
+Hook = Callable[[np.ndarray, GroupArg], "Work | np.ndarray"]
+
+
+def allreduce_hook(bucket: np.ndarray, group: GroupArg) -> Work:
+    """The bucket's mean over the group's ranks (one nonblocking all-reduce)."""
+    return all_reduce(bucket, "avg", group, async_op=True)
+
+
+def _compress_hook(wire: Any) -> Hook:
+    def hook(bucket: np.ndarray, group: GroupArg) -> Work:
+        n = resolve_group(group, "average_gradients").size
+        small = (bucket / n).astype(wire)  # divide first: the sum cannot overflow
+        return all_reduce(small, "sum", group, async_op=True).then(
+            lambda total: total.astype(bucket.dtype))
+
+    return hook
+
+
+fp16_compress_hook = _compress_hook(np.float16)
+fp16_compress_hook.__doc__ = "Average in float16 on the wire (divided by n first), cast back."
+bf16_compress_hook = _compress_hook(ml_dtypes.bfloat16)
+bf16_compress_hook.__doc__ = "Average in bfloat16 on the wire (divided by n first), cast back."
+_COMPRESSION: dict[str | None, Hook] = {None: allreduce_hook, "fp16": fp16_compress_hook,
+                                        "bf16": bf16_compress_hook}
+
+
+class _Bucket:
+    """Leaves (by key) of one dtype, packed into one flat array."""
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self.arrays: list[np.ndarray] = []
+        self.nbytes = 0
+
+    def add(self, key: Any, array: np.ndarray) -> None:
+        self.keys.append(key)
+        self.arrays.append(array)
+        self.nbytes += array.nbytes
+
+    def flat(self) -> np.ndarray:
+        return np.concatenate([a.reshape(-1) for a in self.arrays])
+
+    def unpack(self, averaged: np.ndarray) -> dict[Any, np.ndarray]:
+        out, offset = {}, 0
+        for key, array in zip(self.keys, self.arrays, strict=True):
+            out[key] = averaged[offset : offset + array.size].reshape(array.shape)
+            offset += array.size
+        return out
+
+
+class _Buckets(Operation):
+    """All buckets of one averaging step; its value is ``{key: averaged}``."""
+
+    def __init__(self, group: Group, launched: list[tuple[_Bucket, Any]]) -> None:
+        super().__init__("average_gradients", group)
+        self._launched = launched
+
+    def _advance(self) -> bool:
+        if all(not isinstance(r, Work) or r.is_completed() for _, r in self._launched):
+            self._block()
+            return True
+        return False
+
+    def _block(self) -> None:
+        self.value = {}
+        for bucket, result in self._launched:
+            self.value.update(bucket.unpack(result.wait() if isinstance(result, Work) else result))
+
+    def finish(self, timeout: float | None) -> Any:
+        for _, result in self._launched:
+            if isinstance(result, Work):
+                result.wait(timeout)
+        return super().finish(timeout)
+
+
+def _checked_cap(bucket_cap_mb: object) -> int:
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or (
+            bucket_cap_mb < 0):
+        raise ValueError(f"GradientAverager: expected bucket_cap_mb >= 0, got {bucket_cap_mb!r}")
+    return int(bucket_cap_mb * 2**20)
+
+
+class GradientAverager:
+    """Averages gradient pytrees over the ranks of ``group``, in buckets.
+
+    ``avg(grads)`` returns the averaged tree; ``avg.start(grads)`` returns a `Work`
+    instead. For overlap with backprop, ``avg.push(key, grad)`` each gradient as it is
+    computed (every rank pushes the same keys in the same order): a bucket's all-reduce
+    starts as soon as it is full, and ``avg.wait()`` returns ``{key: averaged}``. Inside
+    ``with avg.no_sync():`` calls sum gradients locally and communicate nothing; the next
+    synced call averages the accumulated sum plus its own gradients.
+
+    Args:
+        group: the data-parallel group (default: the whole job).
+        bucket_cap_mb: bucket size in MiB (0: one bucket per leaf).
+        compression: ``None``, ``"fp16"`` or ``"bf16"`` (the wire dtype of float buckets).
+        hook: ``hook(bucket, group) -> Work | array`` returning the bucket's average;
+            replaces ``compression``.
+
+    Example:
+        >>> avg = fc.dp.GradientAverager(bucket_cap_mb=25)
+        >>> grads = avg(grads)                        # mean over ranks, same tree
+    """
+
+    def __init__(self, group: GroupArg = None, *, bucket_cap_mb: float = 25,
+                 compression: str | None = None, hook: Hook | None = None) -> None:
+        if compression not in _COMPRESSION:
+            raise ValueError(f"GradientAverager: expected compression in (None, 'fp16', 'bf16'), "
+                             f"got {compression!r}")
+        if hook is not None and not callable(hook):
+            raise TypeError(f"GradientAverager: expected a callable hook, got {hook!r}")
+        self.group = group
+        self.cap = _checked_cap(bucket_cap_mb)
+        self.hook: Hook = hook if hook is not None else _COMPRESSION[compression]
+        self._syncing = True
+        self._accumulated: dict[Any, np.ndarray] = {}
+        self._open: dict[np.dtype[Any], _Bucket] = {}
+        self._launched: list[tuple[_Bucket, Any]] = []
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) inside the block."""
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = True
+
+    def __call__(self, grads: Any) -> Any:
+        """The tree of gradients averaged over the group (local sums under no_sync)."""
+        return self.start(grads).wait()
+
+    def start(self, grads: Any) -> Work:
+        """Start averaging a whole tree; ``wait()`` returns the averaged tree."""
+        paths, leaves, spec = optree.tree_flatten_with_path(grads)
+        for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
+            self.push(path, leaf)
+        return self._finish().then(lambda by_path: optree.tree_unflatten(
+            spec, [by_path[p] for p in paths]))
+
+    def push(self, key: Any, grad: np.ndarray) -> None:
+        """Add one gradient; starts its bucket's all-reduce once the bucket is full."""
+        if not isinstance(grad, np.ndarray):
+            raise TypeError(f"push: expected grad to be a numpy.ndarray, got {type(grad).__name__}")
+        if not self._syncing:
+            previous = self._accumulated.get(key)
+            self._accumulated[key] = grad.copy() if previous is None else previous + grad
+            return
+        if key in self._accumulated:
+            grad = grad + self._accumulated.pop(key)
+        bucket = self._open.setdefault(grad.dtype, _Bucket())
+        bucket.add(key, grad)
+        if bucket.nbytes >= self.cap:
+            self._launch(self._open.pop(grad.dtype))
+
+    def wait(self) -> dict[Any, np.ndarray]:
+        """Start the partly filled buckets, wait for all, return ``{key: averaged}``."""
+        result: dict[Any, np.ndarray] = self._finish().wait()
+        return result
+
+    def _launch(self, bucket: _Bucket) -> None:
+        self._launched.append((bucket, self.hook(bucket.flat(), self.group)))
+
+    def _finish(self) -> Work:
+        if not self._syncing:
+            local = {k: v.copy() for k, v in self._accumulated.items()}
+            return Work(_Done(resolve_group(self.group, "average_gradients"), local))
+        for dtype in list(self._open):
+            self._launch(self._open.pop(dtype))
+        launched, self._launched = self._launched, []
+        return Work(_Buckets(resolve_group(self.group, "average_gradients"), launched))
+
+
+class _Done(Operation):
+    """An operation with nothing to communicate (no_sync): its value is known."""
+
+    def __init__(self, group: Group, value: Any) -> None:
+        super().__init__("average_gradients", group)
+        self.value = value
+        self._complete()
+
+    def _advance(self) -> bool:
+        return True
+
+
+def average_gradients(grads: Any, group: GroupArg = None, *, bucket_cap_mb: float = 25,
+                      compression: str | None = None) -> Any:
+    """A new pytree of the mean over ranks of every gradient leaf, fused into buckets.
+
+    Example:
+        >>> g = {"w": np.full(3, float(r)), "b": np.ones(1)}      # rank r of 2
+        >>> fc.dp.average_gradients(g)
+        {'b': array([1.]), 'w': array([0.5, 0.5, 0.5])}
+    """
+    return GradientAverager(group, bucket_cap_mb=bucket_cap_mb, compression=compression)(grads)
