@@ -10,7 +10,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e "$root[mpich,test,bench,docs]"
+  "$venv/bin/python" -m pip install -q -e "$root[mpich,test,bench,docs,examples]"
   touch "$stamp"
 fi
 PY="$venv/bin/python"

@@ -47,6 +47,15 @@ def test_import_does_not_import_cupy():
     assert done.returncode == 0, done.stderr
 
 
+def test_training_example_converges_and_agrees():
+    done = _run(str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "fcoll.run",
+                "examples/train_digits.py", "--epochs", "4", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "parameters identical on all 2 ranks: True" in done.stdout
+    accuracy = float(done.stdout.split("test accuracy ")[1].split()[0])
+    assert accuracy > 0.85, done.stdout
+
+
 def test_example_runs_on_four_ranks():
     done = _run(str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "mpi4py",
                 "examples/tour.py", timeout=300)
