@@ -95,6 +95,11 @@ def test_data_parallel_matches_single_process(group, cap_mb, overlap):
         params = sgd(params, grads)
     assert_same(params, single_process())
     dp.check_parameters(params, group.arg)
+    if not overlap:  # computed once for the tree's structure, reused every step
+        assert len(avg.layouts) == 1
+        buckets = next(iter(avg.layouts.values()))
+        assert [i for b in buckets for i in b] == [3, 2, 1, 0]  # reverse leaf order
+        assert len(buckets) == (4 if cap_mb == 0 else 2 if cap_mb == 0.001 else 1)
     fc.barrier(group.arg)
 
 

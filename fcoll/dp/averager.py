@@ -140,6 +140,7 @@ class GradientAverager:
         self._accumulated: dict[Any, np.ndarray] = {}
         self._open: dict[np.dtype[Any], _Bucket] = {}
         self._launched: list[tuple[_Bucket, Any]] = []
+        self.layouts: dict[Any, list[list[int]]] = {}  # bucket layout per tree structure
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -155,12 +156,48 @@ class GradientAverager:
         return self.start(grads).wait()
 
     def start(self, grads: Any) -> Work:
-        """Start averaging a whole tree; ``wait()`` returns the averaged tree."""
+        """Start averaging a whole tree; ``wait()`` returns the averaged tree.
+
+        The bucket layout is computed once per tree structure (paths, shapes, dtypes)
+        and reused while it is unchanged.
+        """
         paths, leaves, spec = optree.tree_flatten_with_path(grads)
-        for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
-            self.push(path, leaf)
+        if not self._syncing:
+            for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
+                self.push(path, leaf)
+        else:
+            for indices in self._layout(spec, leaves):
+                bucket = _Bucket()
+                for i in indices:
+                    leaf = leaves[i]
+                    if paths[i] in self._accumulated:
+                        leaf = leaf + self._accumulated.pop(paths[i])
+                    bucket.add(paths[i], leaf)
+                self._launch(bucket)
         return self._finish().then(lambda by_path: optree.tree_unflatten(
             spec, [by_path[p] for p in paths]))
+
+    def _layout(self, spec: Any, leaves: list[np.ndarray]) -> list[list[int]]:
+        """Leaf indices per bucket: per dtype, in reverse leaf order, up to the cap."""
+        signature = (spec, tuple((np.shape(leaf), np.asarray(leaf).dtype) for leaf in leaves))
+        layout = self.layouts.get(signature)
+        if layout is None:
+            layout: list[list[int]] = []
+            open_: dict[np.dtype[Any], list[int]] = {}
+            for i in reversed(range(len(leaves))):
+                leaf = leaves[i]
+                if not isinstance(leaf, np.ndarray):
+                    raise TypeError(f"GradientAverager: expected numpy.ndarray leaves, got "
+                                    f"{type(leaf).__name__}")
+                indices = open_.get(leaf.dtype)
+                if indices is None:
+                    indices = open_[leaf.dtype] = []
+                    layout.append(indices)
+                indices.append(i)
+                if sum(leaves[j].nbytes for j in indices) >= self.cap:
+                    del open_[leaf.dtype]
+            self.layouts[signature] = layout
+        return layout
 
     def push(self, key: Any, grad: np.ndarray) -> None:
         """Add one gradient; starts its bucket's all-reduce once the bucket is full."""
