@@ -180,23 +180,24 @@ class GradientAverager:
     def _layout(self, spec: Any, leaves: list[np.ndarray]) -> list[list[int]]:
         """Leaf indices per bucket: per dtype, in reverse leaf order, up to the cap."""
         signature = (spec, tuple((np.shape(leaf), np.asarray(leaf).dtype) for leaf in leaves))
-        layout = self.layouts.get(signature)
-        if layout is None:
-            layout: list[list[int]] = []
-            open_: dict[np.dtype[Any], list[int]] = {}
-            for i in reversed(range(len(leaves))):
-                leaf = leaves[i]
-                if not isinstance(leaf, np.ndarray):
-                    raise TypeError(f"GradientAverager: expected numpy.ndarray leaves, got "
-                                    f"{type(leaf).__name__}")
-                indices = open_.get(leaf.dtype)
-                if indices is None:
-                    indices = open_[leaf.dtype] = []
-                    layout.append(indices)
-                indices.append(i)
-                if sum(leaves[j].nbytes for j in indices) >= self.cap:
-                    del open_[leaf.dtype]
-            self.layouts[signature] = layout
+        cached = self.layouts.get(signature)
+        if cached is not None:
+            return cached
+        layout: list[list[int]] = []
+        open_: dict[np.dtype[Any], list[int]] = {}
+        for i in reversed(range(len(leaves))):
+            leaf = leaves[i]
+            if not isinstance(leaf, np.ndarray):
+                raise TypeError(f"GradientAverager: expected numpy.ndarray leaves, got "
+                                f"{type(leaf).__name__}")
+            indices = open_.get(leaf.dtype)
+            if indices is None:
+                indices = open_[leaf.dtype] = []
+                layout.append(indices)
+            indices.append(i)
+            if sum(leaves[j].nbytes for j in indices) >= self.cap:
+                del open_[leaf.dtype]
+        self.layouts[signature] = layout
         return layout
 
     def push(self, key: Any, grad: np.ndarray) -> None:
