@@ -30,6 +30,7 @@ class _State:
     world: Group | None = None
     timeout: float | None = None
     debug: str = "off"
+    checking: bool = False  # debug != "off": collectives call fcoll._debug.check
 
 
 _state = _State()
@@ -127,6 +128,7 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         _state.timeout = seconds
     if debug is not None or "FCOLL_DEBUG" in os.environ:
         _state.debug = level
+    _state.checking = _state.debug != "off"
 
 
 def abort(code: int = 1) -> None:

@@ -38,6 +38,7 @@ class Group:
         self._rank = comm.Get_rank() if comm is not None else -1
         self._size = len(self._ranks) if comm is not None else -1
         self._destroyed = False
+        self.usable = comm is not None  # member, not destroyed, not broken
         self.timeout = timeout
         self.plans: dict[Any, Any] = {}  # per-(op, dtype) reduction plans of fcoll.collectives
         self.pending: list[Any] = []  # operations in flight (fcoll.work.Operation), oldest first
@@ -140,6 +141,7 @@ class Group:
         if self._comm is not None and not self._destroyed:
             self._comm.Free()
         self._destroyed = True
+        self.usable = False
         if _LIST_GROUPS.get(self._ranks) is self:
             del _LIST_GROUPS[self._ranks]
 
@@ -214,7 +216,7 @@ def resolve_group(group: object, fn: str) -> Group:
 def member(group: object, fn: str) -> tuple[Group, Any]:
     """`resolve_group` plus the group's communicator; `ValueError` unless a live member."""
     g = (_runtime._state.world or _runtime.world()) if group is None else resolve_group(group, fn)
-    if g._comm is None or g._destroyed or g.broken is not None:
+    if not g.usable:
         g.comm(fn)  # raises the documented error
     backend.CALL = g  # counted in g.seq once the call communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout

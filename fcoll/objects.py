@@ -67,7 +67,7 @@ def all_gather_object(obj: object, group: GroupArg = None) -> list[Any]:
     """
     fn = "all_gather_object"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug)
     payload, error = _dumps(obj)
     sizes = _gathered_sizes(comm, payload, error, fn)
@@ -80,7 +80,7 @@ def gather_object(obj: object, dst: int = 0, group: GroupArg = None) -> list[Any
     """The list of every rank's ``obj`` on group rank ``dst``; ``None`` elsewhere."""
     fn = "gather_object"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, dst=dst)
     root = check_rank(dst, g.size, fn, "dst")
     payload, error = _dumps(obj)
@@ -99,7 +99,7 @@ def broadcast_object(obj: object, src: int = 0, group: GroupArg = None) -> Any:
     """
     fn = "broadcast_object"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, src=src)
     root = check_rank(src, g.size, fn, "src")
     payload, error = _dumps(obj) if g.rank == root else (b"", None)
@@ -113,7 +113,7 @@ def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = N
     """Rank ``r`` gets ``objs[r]`` of group rank ``src``; other ranks pass ``None``."""
     fn = "scatter_object"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, src=src)
     root = check_rank(src, g.size, fn, "src")
     if g.rank == root:

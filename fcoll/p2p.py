@@ -284,7 +284,7 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     """
     fn = "permute_tensor"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, src_dst=src_dst)
     check_array(x, fn)
     targets = _permutation(src_dst, g.size, fn)

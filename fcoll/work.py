@@ -44,6 +44,7 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
     reason = (f"{fn} (call #{seq} on the group) did not complete within its "
               f"{seconds:g} s deadline")
     group.broken = reason
+    group.usable = False
     return CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
         "call, or died. The group is now unusable; fcoll.abort() ends the job")

@@ -64,7 +64,7 @@ def all_reduce_coalesced(
     """
     fn = "all_reduce_coalesced"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
     arrays = _checked(xs, fn)
     plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
@@ -89,7 +89,7 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     """
     fn = "all_gather_into_tensor_coalesced"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, xs=xs)
     arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
     if not arrays:
@@ -116,7 +116,7 @@ def reduce_scatter_tensor_coalesced(
     """
     fn = "reduce_scatter_tensor_coalesced"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
     n = g.size
     arrays = _checked(xs, fn)

@@ -43,7 +43,7 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
     """
     fn = "all_gather"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x)
     meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
     dtype = _one_dtype([d for _, d in meta], fn)
@@ -63,7 +63,7 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
     """
     fn = "gather"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, dst=dst)
     root = check_rank(dst, g.size, fn, "dst")
     meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
@@ -85,7 +85,7 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
     """
     fn = "scatter"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, src=src)
     root = check_rank(src, g.size, fn, "src")
     if g.rank != root:
@@ -113,7 +113,7 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     """
     fn = "all_to_all"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     meta = backend.allgather_obj(comm, [_meta(a) for a in arrays])

@@ -43,7 +43,7 @@ def broadcast(
         array([1])
     """
     g, comm = member(group, "broadcast")
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
     root = check_rank(src, g.size, "broadcast", "src")
     check_array(x, "broadcast")
@@ -63,7 +63,7 @@ def barrier(group: GroupArg = None) -> None:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
     g, comm = member(group, "barrier")
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, "barrier", _runtime._state.debug)
     complete_pending(g, backend.DEADLINE)
     backend.barrier(comm)
@@ -156,7 +156,7 @@ def all_gather_into_tensor(
     """
     fn = "all_gather_into_tensor"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, gather_dim=gather_dim, sizes=sizes)
     check_array(x, fn)
     if (
@@ -256,7 +256,7 @@ def all_to_all_single(
     """
     fn = "all_to_all_single"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(
             g,
             comm,

@@ -51,7 +51,7 @@ def all_reduce(
         array([10.])
     """
     g, comm = member(group, "all_reduce")
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, "all_reduce", _runtime._state.debug, x=x, op=op)
     plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
@@ -87,7 +87,7 @@ def reduce(
         array([6])
     """
     g, comm = member(group, "reduce")
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, "reduce", _runtime._state.debug, x=x, dst=dst, op=op)
     root = check_rank(dst, g.size, "reduce", "dst")
     plan = reduction_plan(x, op, g, "reduce")
@@ -137,7 +137,7 @@ def reduce_scatter_tensor(
     """
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, op=op, scatter_dim=scatter_dim)
     n = g.size
     plan = reduction_plan(x, op, g, fn)
@@ -177,7 +177,7 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
     """
     fn = "reduce_scatter"
     g, comm = member(group, fn)
-    if _runtime._state.debug != "off":
+    if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks, op=op)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
     plan = reduction_plan(arrays[0], op, g, fn)
