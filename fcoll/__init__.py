@@ -9,7 +9,7 @@ Example:
     array([10.])
 """
 
-from fcoll import dp
+from fcoll import dp, lax
 from fcoll._debug import CollectiveMismatchError
 from fcoll._runtime import abort, init, is_initialized, world
 from fcoll.collectives import (
@@ -30,6 +30,7 @@ from fcoll.collectives import (
     scatter,
 )
 from fcoll.group import Group, get_rank, get_world_size, new_group
+from fcoll.mesh import Mesh
 from fcoll.monitor import monitored_barrier
 from fcoll.objects import all_gather_object, broadcast_object, gather_object, scatter_object
 from fcoll.ops import ReduceOp, premul_sum
@@ -43,6 +44,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "Group",
+    "Mesh",
     "P2POp",
     "ReduceOp",
     "Work",
@@ -67,6 +69,7 @@ __all__ = [
     "init",
     "irecv",
     "is_initialized",
+    "lax",
     "isend",
     "monitored_barrier",
     "new_group",

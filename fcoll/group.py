@@ -198,11 +198,17 @@ def new_group(ranks: Sequence[int] | None = None, *, timeout: Timeout = None) ->
 
 
 def resolve_group(group: object, fn: str) -> Group:
-    """Turn a ``group=`` argument (None, `Group`, list of global ranks) into a `Group`."""
+    """Turn a ``group=`` argument (None, `Group`, list of global ranks, or mesh axis
+    name(s) inside ``with mesh:``) into a `Group`."""
     if group is None:
         return _runtime.world()
     if isinstance(group, Group):
         return group
+    if isinstance(group, str) or (isinstance(group, tuple) and group
+                                  and all(isinstance(name, str) for name in group)):
+        from fcoll.mesh import axis_group  # mesh axis names, inside `with mesh:`
+
+        return axis_group(group, fn)
     if isinstance(group, (list, tuple)):
         key = _check_ranks(group, fn, _runtime.world().size)
         cached = _LIST_GROUPS.get(key)

@@ -1,0 +1,211 @@
+"""fcoll.lax: JAX's collective spelling over mesh axis names, on pytrees of arrays.
+
+Inside ``with fc.Mesh(shape, names):`` every function takes ``axis_name`` (one axis name
+or a tuple of names) like ``jax.lax`` under ``shard_map``, maps over a pytree, and sends
+the leaves in fused messages (one per dtype for reductions, one in all for movement).
+Shapes follow JAX: `all_gather` stacks along a new axis unless ``tiled=True``.
+
+Example:
+    >>> with fc.Mesh((2, 2), ("dp", "tp")):
+    ...     grads = fc.lax.pmean(grads, "dp")          # a pytree, averaged over "dp"
+    ...     i = fc.lax.axis_index("tp")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import optree
+
+from fcoll.collectives import (
+    all_gather_into_tensor_coalesced,
+    all_reduce_coalesced,
+    all_to_all_single,
+    reduce_scatter_tensor_coalesced,
+)
+from fcoll.group import Group
+from fcoll.mesh import axis_group
+from fcoll.p2p import permute_tensor
+
+AxisName = str | Sequence[str]
+
+
+def _group(axis_name: AxisName, fn: str) -> Group:
+    return axis_group(axis_name, fn)
+
+
+def _reduce(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
+    leaves, spec = optree.tree_flatten(x)
+    return optree.tree_unflatten(spec, all_reduce_coalesced(
+        [np.asarray(leaf) for leaf in leaves], op, _group(axis_name, fn)))
+
+
+def psum(x: Any, axis_name: AxisName) -> Any:
+    """Sum of ``x`` (a pytree) over the ranks along ``axis_name``."""
+    return _reduce(x, axis_name, "sum", "psum")
+
+
+def pmean(x: Any, axis_name: AxisName) -> Any:
+    """Mean of ``x`` (a pytree of floating arrays) along ``axis_name``."""
+    return _reduce(x, axis_name, "avg", "pmean")
+
+
+def pmax(x: Any, axis_name: AxisName) -> Any:
+    """Elementwise maximum of ``x`` along ``axis_name``."""
+    return _reduce(x, axis_name, "max", "pmax")
+
+
+def pmin(x: Any, axis_name: AxisName) -> Any:
+    """Elementwise minimum of ``x`` along ``axis_name``."""
+    return _reduce(x, axis_name, "min", "pmin")
+
+
+def axis_index(axis_name: AxisName) -> int:
+    """This rank's index along ``axis_name`` (row-major over several names)."""
+    return _group(axis_name, "axis_index").rank
+
+
+def axis_size(axis_name: AxisName) -> int:
+    """The number of ranks along ``axis_name``."""
+    return _group(axis_name, "axis_size").size
+
+
+def _axis(value: int, ndim: int, fn: str, name: str) -> int:
+    if type(value) is not int or not -ndim <= value < ndim:
+        raise ValueError(f"{fn}: expected {name} in [{-ndim}, {ndim}), got {value!r}")
+    return value % ndim
+
+
+def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False) -> Any:
+    """Every rank's ``x`` along ``axis_name``, stacked on a new axis ``axis`` (JAX's
+    default), or concatenated along ``axis`` when ``tiled=True``."""
+    g = _group(axis_name, "all_gather")
+    leaves, spec = optree.tree_flatten(x)
+    leaves = [np.asarray(leaf) for leaf in leaves]
+    gathered = all_gather_into_tensor_coalesced(leaves, g)
+    out = []
+    for leaf, got in zip(leaves, gathered, strict=True):
+        stacked = got.reshape(g.size, *leaf.shape)
+        if tiled:
+            dim = _axis(axis, leaf.ndim, "all_gather", "axis")
+            out.append(np.concatenate(list(stacked), axis=dim))
+        else:
+            out.append(np.moveaxis(stacked, 0, _axis(axis, leaf.ndim + 1, "all_gather", "axis")))
+    return optree.tree_unflatten(spec, [np.ascontiguousarray(o) for o in out])
+
+
+def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
+                 tiled: bool = False) -> Any:
+    """Sum along ``axis_name``, then keep this rank's block of ``scatter_dimension``.
+
+    Not tiled (JAX's default): that dimension must equal the axis size and is removed.
+    Tiled: it must be divisible by the axis size and shrinks by that factor.
+    """
+    fn = "psum_scatter"
+    g = _group(axis_name, fn)
+    leaves, spec = optree.tree_flatten(x)
+    leaves = [np.asarray(leaf) for leaf in leaves]
+    dims = [_axis(scatter_dimension, leaf.ndim, fn, "scatter_dimension") for leaf in leaves]
+    for leaf, d in zip(leaves, dims, strict=True):
+        if (leaf.shape[d] != g.size) if not tiled else (leaf.shape[d] % g.size):
+            raise ValueError(f"{fn}: expected x.shape[{d}] "
+                             f"{'== ' if not tiled else 'divisible by '}the axis size {g.size}, "
+                             f"got shape {leaf.shape}")
+    moved = [np.ascontiguousarray(np.moveaxis(leaf, d, 0)) for leaf, d in zip(leaves, dims,
+                                                                               strict=True)]
+    reduced = reduce_scatter_tensor_coalesced(moved, "sum", g)
+    out = [np.moveaxis(r, 0, d) if tiled else r[0] for r, d in zip(reduced, dims, strict=True)]
+    return optree.tree_unflatten(spec, [np.ascontiguousarray(o) for o in out])
+
+
+def _exchange(leaves: list[np.ndarray], g: Group, split: list[int]) -> list[list[np.ndarray]]:
+    """Tiled all-to-all of every leaf in one message: block i of ``split`` goes to rank i;
+    returns, per leaf, the blocks received from each rank."""
+    n = g.size
+    blocks = [np.split(leaf, n, axis=s) for leaf, s in zip(leaves, split, strict=True)]
+    rows = np.stack([np.concatenate([np.ascontiguousarray(b[i]).reshape(-1).view(np.uint8)
+                                     for b in blocks]) if blocks else np.empty(0, np.uint8)
+                     for i in range(n)])
+    received = all_to_all_single(rows, group=g)
+    out: list[list[np.ndarray]] = []
+    offset = 0
+    for b in blocks:
+        size, shape, dtype = b[0].nbytes, b[0].shape, b[0].dtype
+        out.append([received[p, offset : offset + size].view(dtype).reshape(shape)
+                    for p in range(n)])
+        offset += size
+    return out
+
+
+def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *,
+               tiled: bool = False) -> Any:
+    """Split each leaf along ``split_axis`` into one block per rank, send block ``i`` to
+    rank ``i``, and concatenate what arrives along ``concat_axis`` (JAX's semantics: not
+    tiled, ``x.shape[split_axis]`` must equal the axis size, that axis is removed and a new
+    one of that size inserted at ``concat_axis``)."""
+    fn = "all_to_all"
+    g = _group(axis_name, fn)
+    leaves, spec = optree.tree_flatten(x)
+    leaves = [np.asarray(leaf) for leaf in leaves]
+    plans = [_all_to_all_plan(leaf, g.size, split_axis, concat_axis, tiled) for leaf in leaves]
+    prepared = [leaf if pre is None else np.expand_dims(leaf, pre)
+                for leaf, (pre, _, _, _) in zip(leaves, plans, strict=True)]
+    received = _exchange(prepared, g, [split for _, split, _, _ in plans])
+    out = []
+    for parts, (_, split, concat, squeeze) in zip(received, plans, strict=True):
+        joined = np.concatenate(parts, axis=concat)
+        out.append(np.squeeze(joined, axis=split) if squeeze else joined)
+    return optree.tree_unflatten(spec, [np.ascontiguousarray(o) for o in out])
+
+
+def _all_to_all_plan(leaf: np.ndarray, n: int, split_axis: int, concat_axis: int,
+                     tiled: bool) -> tuple[int | None, int, int, bool]:
+    """``(axis to insert first or None, split axis, concat axis, squeeze split axis)``."""
+    fn = "all_to_all"
+    split = _axis(split_axis, leaf.ndim, fn, "split_axis")
+    concat = _axis(concat_axis, leaf.ndim, fn, "concat_axis")
+    if tiled:
+        if leaf.shape[split] % n:
+            raise ValueError(f"{fn}: expected x.shape[{split}] divisible by the axis size {n}, "
+                             f"got shape {leaf.shape}")
+        return None, split, concat, False
+    if leaf.shape[split] != n:
+        raise ValueError(f"{fn}: expected x.shape[{split}] == the axis size {n} (tiled=False), "
+                         f"got shape {leaf.shape}")
+    if split == concat:
+        return None, split, concat, False
+    if split < concat:
+        return concat + 1, split, concat + 1, True
+    return concat, split + 1, concat, True
+
+
+def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
+    """Send ``x`` from ``src`` to ``dst`` for each ``(src, dst)`` in ``perm`` (indices along
+    ``axis_name``); ranks that receive nothing get zeros."""
+    fn = "ppermute"
+    g = _group(axis_name, fn)
+    src_dst: list[int | None] = [None] * g.size
+    for pair in perm:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"{fn}: expected perm to be (src, dst) pairs, got {perm!r}")
+        src, dst = pair
+        if src_dst[src] is not None:
+            raise ValueError(f"{fn}: expected each source once in perm, got {perm!r}")
+        src_dst[src] = dst
+    leaves, spec = optree.tree_flatten(x)
+    leaves = [np.asarray(leaf) for leaf in leaves]
+    packed = np.concatenate([np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)
+                             for leaf in leaves]) if leaves else np.empty(0, np.uint8)
+    moved = permute_tensor(packed, src_dst, g)
+    out, offset = [], 0
+    for leaf in leaves:
+        out.append(moved[offset : offset + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape))
+        offset += leaf.nbytes
+    return optree.tree_unflatten(spec, out)
+
+
+def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:
+    """`ppermute` with ``perm[i]`` = the index whose ``x`` rank ``i`` receives."""
+    return ppermute(x, axis_name, [(src, dst) for dst, src in enumerate(perm)])
