@@ -56,6 +56,13 @@ def test_training_example_converges_and_agrees():
     assert accuracy > 0.85, done.stdout
 
 
+def test_mesh_example_on_a_2x2_mesh():
+    done = _run(str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "fcoll.run",
+                "examples/mesh_matmul.py", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "match the single-process result on all 4 ranks" in done.stdout
+
+
 def test_example_runs_on_four_ranks():
     done = _run(str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "mpi4py",
                 "examples/tour.py", timeout=300)
