@@ -206,17 +206,18 @@ def resolve_group(group: object, fn: str) -> Group:
         return group
     if isinstance(group, str) or (isinstance(group, tuple) and group
                                   and all(isinstance(name, str) for name in group)):
-        from fcoll.mesh import axis_group  # mesh axis names, inside `with mesh:`
+        from fcoll.mesh import active, axis_group  # mesh axis names, inside `with mesh:`
 
-        return axis_group(group, fn)
+        if active():
+            return axis_group(group, fn)
     if isinstance(group, (list, tuple)):
         key = _check_ranks(group, fn, _runtime.world().size)
         cached = _LIST_GROUPS.get(key)
         if cached is None:
             cached = _LIST_GROUPS[key] = _create(key, None)
         return cached
-    raise TypeError(f"{fn}: expected group to be None, a fcoll.Group or a list of ranks, "
-                    f"got {type(group).__name__}")
+    raise TypeError(f"{fn}: expected group to be None, a fcoll.Group, a list of ranks or "
+                    f"(inside `with fc.Mesh(...)`) mesh axis names, got {type(group).__name__}")
 
 
 def member(group: object, fn: str) -> tuple[Group, Any]:

@@ -111,6 +111,11 @@ def _check(shape: object, names: object, size: int) -> tuple[tuple[int, ...], tu
     return tuple(shape), tuple(names)
 
 
+def active() -> bool:
+    """Whether some mesh is active (``with mesh:``) in this thread."""
+    return bool(_stack())
+
+
 def axis_group(names: str | Sequence[str], fn: str) -> Group:
     """The group of axis ``names`` in the innermost active mesh that has them."""
     wanted = (names,) if isinstance(names, str) else tuple(names)
