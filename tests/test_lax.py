@@ -90,11 +90,13 @@ def test_reductions(mesh, axis):
 def test_all_gather(mesh, axis, tiled):
     ranks = members(mesh, axis)
     trees = [tree(r) for r in ranks]
-    for dim in (0, 1, -1):
-        got = lax.all_gather({"f": tree(fc.get_rank())["f"]}, axis, axis=dim, tiled=tiled)
-        parts = [t["f"] for t in trees]
-        expected = np.concatenate(parts, axis=dim) if tiled else np.stack(parts, axis=dim)
-        np.testing.assert_array_equal(got["f"], expected)
+    for dim in (0, -1):
+        mine = tree(fc.get_rank())
+        got = lax.all_gather({"f": mine["f"], "i": mine["i"][0]}, axis, axis=dim, tiled=tiled)
+        for key, parts in (("f", [t["f"] for t in trees]), ("i", [t["i"][0] for t in trees])):
+            expected = np.concatenate(parts, axis=dim) if tiled else np.stack(parts, axis=dim)
+            np.testing.assert_array_equal(got[key], expected)
+            assert got[key].dtype == parts[0].dtype
     scalars = lax.all_gather(np.float32(fc.get_rank()), axis)
     assert scalars.tolist() == [float(r) for r in ranks]
 
@@ -154,5 +156,6 @@ def test_ppermute_and_pshuffle(mesh, axis):
         np.testing.assert_array_equal(partial["f"], tree(ranks[0])["f"])
     else:
         assert not partial["f"].any() and not partial["i"][0].any()
-    reverse = lax.pshuffle({"f": x["f"]}, axis, [n - 1 - i for i in range(n)])
+    reverse = lax.pshuffle(x, axis, [n - 1 - i for i in range(n)])
     np.testing.assert_array_equal(reverse["f"], tree(ranks[n - 1 - me])["f"])
+    np.testing.assert_array_equal(reverse["i"][0], tree(ranks[n - 1 - me])["i"][0])
