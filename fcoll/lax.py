@@ -25,6 +25,7 @@ from fcoll.collectives import (
     all_to_all_single,
     reduce_scatter_tensor_coalesced,
 )
+from fcoll.collectives._common import pack, unpack
 from fcoll.group import Group
 from fcoll.mesh import axis_group
 from fcoll.p2p import permute_tensor
@@ -196,14 +197,7 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
         src_dst[src] = dst
     leaves, spec = optree.tree_flatten(x)
     leaves = [np.asarray(leaf) for leaf in leaves]
-    packed = np.concatenate([np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)
-                             for leaf in leaves]) if leaves else np.empty(0, np.uint8)
-    moved = permute_tensor(packed, src_dst, g)
-    out, offset = [], 0
-    for leaf in leaves:
-        out.append(moved[offset : offset + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape))
-        offset += leaf.nbytes
-    return optree.tree_unflatten(spec, out)
+    return optree.tree_unflatten(spec, unpack(permute_tensor(pack(leaves), src_dst, g), leaves))
 
 
 def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:

@@ -9,6 +9,7 @@ import numpy as np
 import optree
 
 from fcoll.collectives import all_reduce_coalesced, broadcast
+from fcoll.collectives._common import pack, unpack
 from fcoll.group import Group
 from fcoll.objects import all_gather_object
 
@@ -33,14 +34,7 @@ def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> A
     leaves, spec = optree.tree_flatten(params)
     if not leaves:
         return params
-    flat = np.concatenate([np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)
-                           for leaf in leaves])
-    data = broadcast(flat, src, group)
-    out, offset = [], 0
-    for leaf in leaves:
-        out.append(data[offset : offset + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape))
-        offset += leaf.nbytes
-    return optree.tree_unflatten(spec, out)
+    return optree.tree_unflatten(spec, unpack(broadcast(pack(leaves), src, group), leaves))
 
 
 def check_parameters(params: Any, group: GroupArg = None) -> None:
