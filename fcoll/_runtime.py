@@ -129,6 +129,9 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
     if debug is not None or "FCOLL_DEBUG" in os.environ:
         _state.debug = level
     _state.checking = _state.debug != "off"
+    from fcoll.collectives import _fast
+
+    _fast.reset()  # fast paths assume no deadline and no debug checks
 
 
 def abort(code: int = 1) -> None:

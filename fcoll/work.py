@@ -45,6 +45,9 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
               f"{seconds:g} s deadline")
     group.broken = reason
     group.usable = False
+    from fcoll.collectives import _fast
+
+    _fast.reset()
     return CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
         "call, or died. The group is now unusable; fcoll.abort() ends the job")

@@ -14,6 +14,7 @@ import numpy as np
 from fcoll import _debug, _runtime
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
+from fcoll.collectives import _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.group import Group, member
@@ -42,11 +43,17 @@ def broadcast(
         >>> y                                           # on every rank
         array([1])
     """
+    if group is None and not async_op and type(x) is np.ndarray and type(src) is int:
+        fast = _fast.BROADCAST.get((src, x.dtype))
+        if fast is not None:
+            return fast(x)  # type: ignore[return-value]
     g, comm = member(group, "broadcast")
     if _runtime._state.checking:
         _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
     root = check_rank(src, g.size, "broadcast", "src")
     check_array(x, "broadcast")
+    if not async_op and type(src) is int and _fast.eligible(g):
+        _fast.BROADCAST[src, x.dtype] = _fast.broadcast(g, backend.BYTE, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
     if async_op:
         return launch("broadcast", g, backend.ibcast(comm, buf, root), lambda: buf, buf)
@@ -154,6 +161,12 @@ def all_gather_into_tensor(
         array([[0, 0],
                [1, 1]])
     """
+    if group is None and not async_op and sizes is None and type(x) is np.ndarray \
+            and type(gather_dim) is int and gather_dim == 0:
+        fast = _fast.ALL_GATHER.get(x.dtype)
+        y = fast(x) if fast is not None else None
+        if y is not None:
+            return y
     fn = "all_gather_into_tensor"
     g, comm = member(group, fn)
     if _runtime._state.checking:
@@ -167,6 +180,8 @@ def all_gather_into_tensor(
         and x.ndim
         and (x.flags.c_contiguous)
     ):  # the common case
+        if _fast.eligible(g):
+            _fast.ALL_GATHER[x.dtype] = _fast.all_gather(g, backend.BYTE)
         return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
@@ -254,6 +269,12 @@ def all_to_all_single(
         >>> y                                                           # on rank 1
         array([ 1, 11])
     """
+    if group is None and not async_op and output_split_sizes is None and input_split_sizes is None \
+            and type(x) is np.ndarray:
+        fast = _fast.ALL_TO_ALL.get(x.dtype)
+        y = fast(x) if fast is not None else None
+        if y is not None:
+            return y
     fn = "all_to_all_single"
     g, comm = member(group, fn)
     if _runtime._state.checking:
@@ -276,6 +297,8 @@ def all_to_all_single(
         if async_op:
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(comm, send, out), lambda: out, send)
+        if _fast.eligible(g):
+            _fast.ALL_TO_ALL[x.dtype] = _fast.all_to_all(g, backend.BYTE)
         return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
     ins = (
         _even_splits(x, n, fn)

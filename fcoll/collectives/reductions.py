@@ -14,7 +14,7 @@ import numpy as np
 from fcoll import _debug, _runtime
 from fcoll._validate import check_arrays, check_dim, check_rank
 from fcoll.backends import mpi as backend
-from fcoll.collectives import nonblocking
+from fcoll.collectives import _fast, nonblocking
 from fcoll.collectives._plan import reduction_plan
 from fcoll.group import Group, member
 from fcoll.ops import Op
@@ -50,6 +50,11 @@ def all_reduce(
         >>> y                                           # on every rank
         array([10.])
     """
+    if group is None and not async_op and type(x) is np.ndarray:
+        fast = _fast.ALL_REDUCE.get((op, x.dtype)) if type(op) is str else None
+        y = fast(x) if fast is not None else None
+        if y is not None:
+            return y
     g, comm = member(group, "all_reduce")
     if _runtime._state.checking:
         _debug.check(g, comm, "all_reduce", _runtime._state.debug, x=x, op=op)
@@ -57,6 +62,8 @@ def all_reduce(
     if async_op:
         return nonblocking.all_reduce(comm, g, plan, x)
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
+        if type(op) is str and _fast.eligible(g):
+            _fast.ALL_REDUCE[op, x.dtype] = _fast.all_reduce(g, plan.mpi_op)
         return backend.allreduce(comm, x, plan.mpi_op)
     return plan.finish(plan.allreduce(comm, plan.wire(x)))
 
@@ -135,6 +142,12 @@ def reduce_scatter_tensor(
         >>> y                                              # rank 0; rank 1: [4., 6.]
         array([0., 2.])
     """
+    if group is None and not async_op and type(x) is np.ndarray and type(scatter_dim) is int \
+            and scatter_dim == 0:
+        fast = _fast.REDUCE_SCATTER.get((op, x.dtype)) if type(op) is str else None
+        y = fast(x) if fast is not None else None
+        if y is not None:
+            return y
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
     if _runtime._state.checking:
@@ -150,6 +163,8 @@ def reduce_scatter_tensor(
         and x.shape[0] % n == 0
         and x.flags.c_contiguous
     ):  # the common case
+        if type(op) is str and _fast.eligible(g):
+            _fast.REDUCE_SCATTER[op, x.dtype] = _fast.reduce_scatter(g, plan.mpi_op)
         return backend.reduce_scatter_block(comm, x, plan.mpi_op)
     dim = check_dim(x, scatter_dim, fn, "scatter_dim")
     if x.shape[dim] % n:
