@@ -1,0 +1,45 @@
+"""Shared by the benchmark worker and the launcher: sizes, ops, impls, bus-bandwidth factors."""
+
+from __future__ import annotations
+
+KiB, MiB = 1 << 10, 1 << 20
+FULL_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+QUICK_SIZES = [8, 4 * KiB, 256 * KiB, MiB, 16 * MiB]
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+       "broadcast", "dp_average")
+CORE_OPS = OPS[:5]
+IMPLS = ("fcoll", "raw", "pickle", "gloo")
+DP_LEAVES = 100
+# Targets of issue 7: fcoll/raw at the smallest size and at every size >= LARGE;
+# gloo/fcoll at <= SMALL_GLOO and >= LARGE; dp_average/raw fused.
+SMALL_TARGET, LARGE_TARGET, LARGE = 1.5, 1.05, MiB
+GLOO_SMALL_TARGET, GLOO_LARGE_TARGET, SMALL_GLOO = 20.0, 2.0, 8 * KiB
+DP_TARGET = 1.2
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw = algbw * factor (``S`` as in `bus_bytes`)."""
+    if op in ("all_reduce", "dp_average"):
+        return 2 * (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    return (n - 1) / n
+
+
+def bus_bytes(op: str, nbytes: int, n: int) -> int:
+    """nccl-tests' ``S``: the larger of one rank's input and output."""
+    return nbytes * n if op == "all_gather_into_tensor" else nbytes
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"4K"``, ``"1M"``, ``"64MiB"`` -> bytes (binary units)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": KiB, "M": MiB, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if scale > 1 else t) * scale)
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in ((" MiB", MiB), (" KiB", KiB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes} B"
