@@ -12,8 +12,10 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._dispatch import is_cupy
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
+from fcoll.collectives import gpu
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.group import Group, member
@@ -43,6 +45,8 @@ def broadcast(
         array([1])
     """
     g, comm = member(group, "broadcast")
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run("broadcast", broadcast, x, src, group, async_op=async_op)
     if _runtime._state.checking:
         _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
     root = check_rank(src, g.size, "broadcast", "src")
@@ -155,6 +159,9 @@ def all_gather_into_tensor(
                [1, 1]])
     """
     fn = "all_gather_into_tensor"
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run(fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
+                       async_op=async_op)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, gather_dim=gather_dim, sizes=sizes)
@@ -255,6 +262,9 @@ def all_to_all_single(
         array([ 1, 11])
     """
     fn = "all_to_all_single"
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run(fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
+                       async_op=async_op)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(
