@@ -71,7 +71,7 @@ def test_transport_values(monkeypatch, value, expected):
 
 def test_bad_transport_names_the_variable(monkeypatch):
     monkeypatch.setenv(_dispatch.ENV, "gloo")
-    with pytest.raises(ValueError, match="FCOLL_GPU_TRANSPORT: expected one of .*got 'gloo'"):
+    with pytest.raises(ValueError, match=r"FCOLL_GPU_TRANSPORT: expected one of .*got 'gloo'"):
         _dispatch.transport()
 
 
