@@ -46,6 +46,8 @@ class Group:
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
         self.deadline = Deadline(0.0, "", self, 0.0)  # of the call in progress, if timed
+        self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (backends.nccl)
+        self.nccl_device = -1  # the GPU it was made on
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -138,6 +140,10 @@ class Group:
         """Free the group's communicator; later use of the group raises `ValueError`."""
         if self is _runtime.settings().world:
             raise ValueError("destroy: expected a group other than the world group")
+        if self.nccl is not None:
+            from fcoll.backends import nccl
+
+            nccl.destroy(self)
         if self._comm is not None and not self._destroyed:
             self._comm.Free()
         self._destroyed = True

@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._dispatch import is_cupy
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_rank
 from fcoll.backends import mpi as backend
+from fcoll.collectives import gpu_mpi
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.group import Group, member, resolve_group
@@ -115,6 +117,8 @@ def send(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> None:
         >>> if r == 1: fc.recv(src=0)
         array([0, 1, 2])
     """
+    if type(x) is not np.ndarray and is_cupy(x):  # sent from a host copy; recv gives numpy
+        x = gpu_mpi.to_host(x)
     g, comm = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
     check_array(x, "send")
@@ -155,6 +159,8 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
 
 def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
     """Start sending ``x`` (copied at the call) to group rank ``dst``; returns a `Work`."""
+    if type(x) is not np.ndarray and is_cupy(x):  # copied to the host at the call
+        x = gpu_mpi.to_host(x)
     g, comm = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
     check_array(x, "isend")
@@ -283,6 +289,10 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
         array([2])
     """
     fn = "permute_tensor"
+    if type(x) is not np.ndarray and is_cupy(x):
+        from fcoll.collectives import gpu
+
+        return gpu.run(fn, permute_tensor, x, src_dst, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, src_dst=src_dst)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from fcoll import _runtime
 
 X = np.ones((4, 3))
 BAD_CALLS = [
@@ -109,7 +110,10 @@ def test_reduce_op_enum():
 def test_init_arguments():
     fc.init()  # idempotent
     fc.init(timeout=datetime.timedelta(seconds=30))
-    fc.init(timeout=None)
+    assert _runtime.settings().timeout == 30.0
+    fc.init(timeout=None)  # leaves the default deadline as it is
+    assert _runtime.settings().timeout == 30.0
+    _runtime.settings().timeout = None  # later tests run without a default deadline
     with pytest.raises(ValueError, match="debug"):
         fc.init(debug="loud")
     with pytest.raises(TypeError, match="timeout"):

@@ -47,6 +47,18 @@ def test_import_does_not_import_cupy():
     assert done.returncode == 0, done.stderr
 
 
+def test_numpy_calls_do_not_import_cupy():
+    code = ("import sys, numpy as np, fcoll as fc\n"
+            "x = np.arange(4.0)\n"
+            "fc.all_reduce(x); fc.all_reduce(x, async_op=True).wait(); fc.broadcast(x)\n"
+            "fc.all_gather(x); fc.all_to_all([x]); fc.scatter([x]); fc.gather(x)\n"
+            "fc.reduce_scatter([x]); fc.all_reduce_coalesced([x]); fc.permute_tensor(x, [0])\n"
+            "fc.all_gather_into_tensor(x); fc.all_to_all_single(x); fc.reduce_scatter_tensor(x)\n"
+            "assert 'cupy' not in sys.modules, 'cupy imported'")
+    done = _run(sys.executable, "-c", code)
+    assert done.returncode == 0, done.stderr
+
+
 def test_training_example_converges_and_agrees():
     done = _run(str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "fcoll.run",
                 "examples/train_digits.py", "--epochs", "4", timeout=300)

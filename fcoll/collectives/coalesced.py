@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._dispatch import any_cupy
 from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
+from fcoll.collectives import gpu
 from fcoll.collectives._plan import reduction_plan
 from fcoll.dtypes import as_bytes
 from fcoll.group import Group, member
@@ -63,6 +65,8 @@ def all_reduce_coalesced(
         [array([2., 2.]), array([0, 2, 4])]
     """
     fn = "all_reduce_coalesced"
+    if any_cupy(xs, fn, "xs"):
+        return gpu.run(fn, all_reduce_coalesced, xs, op, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
@@ -88,6 +92,8 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
                [1, 1]])]
     """
     fn = "all_gather_into_tensor_coalesced"
+    if any_cupy(xs, fn, "xs"):
+        return gpu.run(fn, all_gather_into_tensor_coalesced, xs, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, xs=xs)
@@ -115,6 +121,8 @@ def reduce_scatter_tensor_coalesced(
                [2.]])]
     """
     fn = "reduce_scatter_tensor_coalesced"
+    if any_cupy(xs, fn, "xs"):
+        return gpu.run(fn, reduce_scatter_tensor_coalesced, xs, op, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)

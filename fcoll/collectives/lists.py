@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._dispatch import any_cupy, is_cupy
 from fcoll._validate import check_array, check_arrays, check_rank
 from fcoll.backends import mpi as backend
+from fcoll.collectives import gpu
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dtypes import as_bytes, dtype_from_name
 from fcoll.group import Group, member
@@ -42,6 +44,8 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
         [array([0]), array([0, 1])]
     """
     fn = "all_gather"
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run(fn, all_gather, x, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x)
@@ -62,6 +66,8 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
         [array([0]), array([1])]
     """
     fn = "gather"
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run(fn, gather, x, dst, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, dst=dst)
@@ -84,6 +90,8 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
         array([11])
     """
     fn = "scatter"
+    if any_cupy(chunks, fn, "chunks"):
+        return gpu.scatter(chunks, src, group)  # type: ignore[no-any-return]
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, src=src)
@@ -93,6 +101,8 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
             raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
                              f"got {type(chunks).__name__} on rank {g.rank}")
         shape, name = backend.scatter_obj(comm, None, root)
+        if name.startswith(gpu.TAG):  # the root scatters cupy arrays: receive on the GPU
+            return gpu.scatter_receive(g, shape, name, root)  # type: ignore[no-any-return]
         dtype = dtype_from_name(name)
         return backend.scatterv(comm, None, [], np.empty(shape, dtype), root)
     arrays = check_arrays(chunks, g.size, fn, "chunks")
@@ -112,6 +122,8 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
         [array([0, 1]), array([1, 1])]
     """
     fn = "all_to_all"
+    if any_cupy(chunks, fn, "chunks"):
+        return gpu.run(fn, all_to_all, chunks, group)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks)

@@ -12,9 +12,10 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._dispatch import is_cupy
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _fast
+from fcoll.collectives import _fast, gpu
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.group import Group, member
@@ -48,6 +49,8 @@ def broadcast(
         if fast is not None:
             return fast(x)  # type: ignore[return-value]
     g, comm = member(group, "broadcast")
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run("broadcast", broadcast, x, src, group, async_op=async_op)
     if _runtime._state.checking:
         _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
     root = check_rank(src, g.size, "broadcast", "src")
@@ -168,6 +171,9 @@ def all_gather_into_tensor(
         if y is not None:
             return y
     fn = "all_gather_into_tensor"
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run(fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
+                       async_op=async_op)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(g, comm, fn, _runtime._state.debug, x=x, gather_dim=gather_dim, sizes=sizes)
@@ -276,6 +282,9 @@ def all_to_all_single(
         if y is not None:
             return y
     fn = "all_to_all_single"
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run(fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
+                       async_op=async_op)
     g, comm = member(group, fn)
     if _runtime._state.checking:
         _debug.check(

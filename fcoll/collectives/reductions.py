@@ -12,9 +12,10 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._dispatch import any_cupy, is_cupy
 from fcoll._validate import check_arrays, check_dim, check_rank
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _fast, nonblocking
+from fcoll.collectives import _fast, gpu, nonblocking
 from fcoll.collectives._plan import reduction_plan
 from fcoll.group import Group, member
 from fcoll.ops import Op
@@ -55,6 +56,8 @@ def all_reduce(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run("all_reduce", all_reduce, x, op, group, async_op=async_op)
     g, comm = member(group, "all_reduce")
     if _runtime._state.checking:
         _debug.check(g, comm, "all_reduce", _runtime._state.debug, x=x, op=op)
@@ -93,6 +96,8 @@ def reduce(
         >>> y                                            # rank 0; None on ranks 1, 2
         array([6])
     """
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run("reduce", reduce, x, dst, op, group, async_op=async_op)
     g, comm = member(group, "reduce")
     if _runtime._state.checking:
         _debug.check(g, comm, "reduce", _runtime._state.debug, x=x, dst=dst, op=op)
@@ -148,6 +153,9 @@ def reduce_scatter_tensor(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    if type(x) is not np.ndarray and is_cupy(x):
+        return gpu.run("reduce_scatter_tensor", reduce_scatter_tensor, x, op, group, scatter_dim=scatter_dim,
+                       async_op=async_op)
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
     if _runtime._state.checking:
@@ -190,6 +198,8 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         >>> y                                                 # rank 1; rank 0: [2.]
         array([2., 2.])
     """
+    if any_cupy(chunks, "reduce_scatter", "chunks"):
+        return gpu.run("reduce_scatter", reduce_scatter, chunks, op, group)
     fn = "reduce_scatter"
     g, comm = member(group, fn)
     if _runtime._state.checking:

@@ -1,0 +1,166 @@
+"""GPU logic that needs no GPU: dispatch, mixing errors, the NCCL dtype/op table (checked
+against numpy by emulating each plan), transport validation and the CUDA-aware probe."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fcoll as fc
+from fcoll import _dispatch, _probe
+from fcoll._nccl_policy import AVG, DATATYPES, MAX, MIN, PROD, SUM, V2_10, NcclPlan, nccl_plan
+from tests.helpers import ALL_DTYPES, data, reference
+
+OPS = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"]
+_NUMPY = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: np.add}
+
+
+class FakeCupyArray:
+    """Stands in for cupy.ndarray in dispatch checks only (never reaches a backend)."""
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type:
+    module = types.ModuleType("cupy")
+    module.ndarray = FakeCupyArray  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return FakeCupyArray
+
+
+def test_numpy_arrays_go_to_mpi():
+    x = np.ones(3)
+    assert not _dispatch.is_cupy(x) and _dispatch.backend_for(x, None) == "mpi"
+    assert not _dispatch.any_cupy([x, x], "f", "xs") and not _dispatch.any_cupy(None, "f", "xs")
+
+
+def test_fake_cupy_array_is_recognised(fake_cupy):
+    assert _dispatch.is_cupy(fake_cupy()) and not _dispatch.is_cupy(np.ones(1))
+    assert _dispatch.any_cupy([fake_cupy(), fake_cupy()], "f", "xs")
+
+
+@pytest.mark.parametrize("call", [
+    lambda a, b: fc.all_to_all([a, b] * 2, None),
+    lambda a, b: fc.all_reduce_coalesced([a, b]),
+    lambda a, b: fc.all_gather_into_tensor_coalesced([a, b]),
+    lambda a, b: fc.reduce_scatter_tensor_coalesced([a, b]),
+    lambda a, b: fc.reduce_scatter([a, b]),
+])
+@pytest.mark.parametrize("gpu_first", [True, False])
+def test_mixing_numpy_and_cupy_raises_naming_the_entry(fake_cupy, call, gpu_first):
+    a, b = (fake_cupy(), np.ones(2)) if gpu_first else (np.ones(2), fake_cupy())
+    with pytest.raises(TypeError, match=r"\[(0|1)\].*cannot be mixed") as info:
+        call(a, b)
+    assert ("[1]" if gpu_first else "[0]") in str(info.value)
+
+
+@pytest.mark.parametrize("value,expected", [(None, "auto"), ("", "auto"), ("MPI", "mpi"),
+                                            ("nccl", "nccl"), (" auto ", "auto")])
+def test_transport_values(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(_dispatch.ENV, raising=False)
+    else:
+        monkeypatch.setenv(_dispatch.ENV, value)
+    assert _dispatch.transport() == expected
+
+
+def test_bad_transport_names_the_variable(monkeypatch):
+    monkeypatch.setenv(_dispatch.ENV, "gloo")
+    with pytest.raises(ValueError, match=r"FCOLL_GPU_TRANSPORT: expected one of .*got 'gloo'"):
+        _dispatch.transport()
+
+
+def test_forced_mpi_transport_never_loads_nccl(monkeypatch):
+    monkeypatch.setenv(_dispatch.ENV, "mpi")
+    assert _dispatch.gpu_backend() == "mpi-gpu"
+
+
+def test_cuda_aware_probe_does_not_crash(monkeypatch):
+    monkeypatch.delenv(_probe.AWARE_ENV, raising=False)
+    assert _probe.cuda_aware_mpi() in (False, None)  # no CUDA-aware MPI on CPU machines
+    monkeypatch.setenv(_probe.AWARE_ENV, "1")
+    assert _probe.cuda_aware_mpi() is True
+    monkeypatch.setenv(_probe.AWARE_ENV, "0")
+    assert _probe.cuda_aware_mpi() is False
+
+
+def test_gpu_report_is_strings():
+    report = _probe.gpu_report()
+    assert "cupy" in report and all(isinstance(k, str) and isinstance(v, str) for k, v in report.items())
+
+
+def _emulate(plan: NcclPlan, inputs: list[np.ndarray]) -> np.ndarray:
+    """What NCCL computes under ``plan``, in numpy: cast/scale, reduce, finish."""
+    wires = []
+    for x in inputs:
+        flat = np.ascontiguousarray(x).reshape(-1)
+        if plan.pairs:
+            flat = (flat * plan.scale if plan.scale is not None else flat).astype(x.dtype).view(plan.wire)
+        else:
+            flat = flat.astype(plan.wire)
+            if plan.scale is not None:
+                flat = (flat * np.asarray(plan.scale, plan.wire)).astype(plan.wire)
+        wires.append(flat)
+    y = functools.reduce(_NUMPY[plan.op], wires).astype(plan.wire)
+    if plan.op == AVG or plan.divide:
+        y = (y / np.asarray(len(inputs), plan.wire)).astype(plan.wire)
+    if plan.parity:
+        return (y & 1).astype(bool).reshape(inputs[0].shape)
+    y = y.view(plan.dtype) if plan.pairs else y.astype(plan.dtype)
+    return y.reshape(inputs[0].shape)
+
+
+def _mpi_error(dtype: np.dtype[Any], op: str) -> type[Exception] | None:
+    try:
+        fc.all_reduce(np.zeros(1, dtype), op, group=[fc.get_rank()])
+    except (TypeError, ValueError) as error:
+        return type(error)
+    return None
+
+
+@pytest.mark.parametrize("version", [22105, 20903])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_nccl_plan_is_exact_or_refuses(dtype, op, version):
+    """Every (dtype, op): the MPI path's errors, NotImplementedError, or the right values."""
+    expected_error = _mpi_error(dtype, op)
+    if expected_error is not None:
+        with pytest.raises(expected_error):
+            nccl_plan(dtype, op, version, "all_reduce")
+        return
+    if op in ("band", "bor", "bxor") and dtype != np.bool_:
+        with pytest.raises(NotImplementedError, match=f"NCCL has no {op} reduction for {dtype}"):
+            nccl_plan(dtype, op, version, "all_reduce")
+        return
+    plan = nccl_plan(dtype, op, version, "all_reduce")
+    assert plan.wire in DATATYPES and DATATYPES[plan.wire] == plan.datatype
+    assert plan.op != AVG or version >= V2_10
+    assert str(plan.wire) != "bfloat16" or version >= V2_10
+    for n in (1, 3):
+        inputs = [data(r, (2, 3), dtype, salt=5) for r in range(n)]
+        got, want = _emulate(plan, inputs), reference(inputs, op)
+        assert got.dtype == want.dtype, (plan, got, want)
+        if op == "avg":  # a division rounds: within one unit in the last place
+            eps = float(ml_dtypes.finfo(plan.wire).eps)
+            np.testing.assert_allclose(got.astype(complex), want.astype(complex), rtol=2 * eps)
+        else:
+            assert np.array_equal(got, want), (plan, got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex64", "float16"])
+def test_nccl_premul_sum_scales_then_sums(dtype):
+    plan = nccl_plan(dtype, fc.premul_sum(0.5), 22105, "all_reduce")
+    assert plan.op == SUM and plan.scale == 0.5
+    inputs = [data(r, 4, dtype, salt=2) for r in range(3)]
+    assert np.array_equal(_emulate(plan, inputs), sum(x * np.asarray(0.5, dtype) for x in inputs))
+
+
+def test_native_plans():
+    assert nccl_plan("float32", "sum", 22105, "f").native
+    assert nccl_plan("float16", "avg", 22105, "f").native
+    assert not nccl_plan("int16", "sum", 22105, "f").native
