@@ -79,7 +79,7 @@ def _minimal_gpu() -> tuple[dict[str, str], bool | None]:
             try:
                 facts["GPUs"] = str(cupy.cuda.runtime.getDeviceCount())
             except Exception as error:
-                facts["GPUs"] = f"none usable ({type(error).__name__}: {str(error)[:80]})"
+                facts["GPUs"] = f"none usable ({str(error).split(':')[0][:80] or type(error).__name__})"
             try:
                 from cupy.cuda import nccl
 
