@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import fcoll as fc
+from fcoll import _info
 from fcoll._check import Verdict, report, verdicts
 from fcoll._checks import CHECKS, same
 
@@ -51,7 +53,7 @@ def test_info_json_parses():
     assert report_["mpi"]["oversubscribed"] == "no"
     assert report_["environment"]["FCOLL_MPI_THREAD_LEVEL"] == "funneled"
     assert report_["versions"]["numpy"] == np.__version__
-    assert "cupy" in report_["gpu"] and report_["gpu"]["CUDA-aware MPI"] in ("yes", "no", "unknown")
+    assert report_["gpu"]["CUDA-aware MPI"] in ("yes", "no", "unknown")
 
 
 @spawns
@@ -87,6 +89,20 @@ def test_check_reports_a_hung_job(tmp_path):
 def test_check_rejects_an_unknown_name():
     done = _fcoll("check", "--only", "all_reduce_typo")
     assert done.returncode == 2 and "got ['all_reduce_typo']" in done.stderr
+
+
+def test_gpu_facts_come_from_fcoll_probe_when_it_exists(monkeypatch):
+    probe = types.ModuleType("fcoll._probe")
+    probe.gpu_report = lambda: {"cupy": "13.3.0", "NCCL": "2.21.5"}  # type: ignore[attr-defined]
+    probe.cuda_aware_mpi = lambda: True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fcoll._probe", probe)
+    assert _info._gpu_section() == {"cupy": "13.3.0", "NCCL": "2.21.5", "CUDA-aware MPI": "yes"}
+
+
+def test_gpu_fallback_without_cupy_or_probe(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fcoll._probe", None)  # import fails as if absent
+    monkeypatch.setattr(_info.importlib.util, "find_spec", lambda name: None)
+    assert _info._gpu_section() == {"cupy": "not installed", "CUDA-aware MPI": "unknown"}
 
 
 def test_report_names_the_failing_ranks():
