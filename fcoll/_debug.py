@@ -22,7 +22,17 @@ log = logging.getLogger("fcoll")
 
 
 class CollectiveMismatchError(ValueError):
-    """The ranks of a group made different calls (op, shapes, dtypes, roots, sizes, order)."""
+    """The ranks of a group made different calls (op, shapes, dtypes, roots, sizes, order).
+
+    Raised on every rank of the group, before anything is sent, when ``debug="detail"``
+    (`fcoll.init` or ``FCOLL_DEBUG``); a `ValueError`, with a table of each rank's call.
+
+    Example:
+        >>> fc.init(debug="detail")                  # every rank; mpiexec -n 2
+        >>> fc.all_reduce(np.ones(3 if fc.get_rank() == 0 else 4))
+        Traceback (most recent call last):           # on ranks 0 and 1 alike
+        CollectiveMismatchError: all_reduce: the ranks of group [0, 1] made different calls ...
+    """
 
 
 def _describe(value: object) -> str:

@@ -147,7 +147,14 @@ def abort(code: int = 1) -> None:
 
 
 def is_initialized() -> bool:
-    """Whether `init` has run (explicitly or through a first collective)."""
+    """Whether `init` has run (explicitly or through a first collective).
+
+    Example:
+        >>> fc.is_initialized()               # every rank, before any call
+        False
+        >>> fc.barrier(); fc.is_initialized()
+        True
+    """
     return _state.world is not None
 
 

@@ -78,6 +78,11 @@ class Group:
 
         Raises `ValueError`, naming the calling function ``fn``, if the group was
         destroyed or this process is not a member.
+
+        Example:
+            >>> comm = fc.world().comm("my_code")      # an mpi4py.MPI.Intracomm
+            >>> comm.allreduce(fc.get_rank())          # ranks 0 and 1 hold 0 and 1; both get
+            1
         """
         if self._destroyed:
             raise ValueError(f"{fn}: expected a live group, got {self!r}, which was destroyed")
@@ -93,7 +98,13 @@ class Group:
         return self._comm
 
     def group_rank(self, global_rank: int) -> int:
-        """The group rank of ``global_rank``; `ValueError` if it is not part of the group."""
+        """The group rank of ``global_rank``; `ValueError` if it is not part of the group.
+
+        Example:
+            >>> g = fc.new_group([1, 3])       # mpiexec -n 4; the same on every rank
+            >>> g.group_rank(3)
+            1
+        """
         try:
             return self._ranks.index(global_rank)
         except ValueError:
@@ -102,7 +113,13 @@ class Group:
             ) from None
 
     def global_rank(self, group_rank: int) -> int:
-        """The global rank of ``group_rank``; `ValueError` if it is not part of the group."""
+        """The global rank of ``group_rank``; `ValueError` if it is not part of the group.
+
+        Example:
+            >>> g = fc.new_group([1, 3])       # mpiexec -n 4; the same on every rank
+            >>> g.global_rank(0)
+            1
+        """
         if not isinstance(group_rank, int) or not 0 <= group_rank < len(self._ranks):
             raise ValueError(
                 f"global_rank: group rank {group_rank!r} is not part of group "
@@ -137,7 +154,15 @@ class Group:
         return Group(new, [self._ranks[r] for _, r in mine], self.timeout)
 
     def destroy(self) -> None:
-        """Free the group's communicator; later use of the group raises `ValueError`."""
+        """Free the group's communicator; later use of the group raises `ValueError`.
+
+        Example:
+            >>> g = fc.new_group([0, 1])       # every rank
+            >>> g.destroy()
+            >>> fc.barrier(group=g)            # on ranks 0 and 1
+            Traceback (most recent call last):
+            ValueError: barrier: expected a live group, got Group(ranks=[0, 1], rank=0, destroyed), ...
+        """
         if self is _runtime.settings().world:
             raise ValueError("destroy: expected a group other than the world group")
         if self.nccl is not None:

@@ -44,32 +44,68 @@ def _reduce(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
 
 
 def psum(x: Any, axis_name: AxisName) -> Any:
-    """Sum of ``x`` (a pytree) over the ranks along ``axis_name``."""
+    """Sum of ``x`` (a pytree) over the ranks along ``axis_name``.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r at (r // 2, r % 2)
+        ...     fc.lax.psum({"w": np.array([r])}, "dp")
+        {'w': array([4])}                         # on ranks 1 and 3 (1 + 3); ranks 0, 2 get [2]
+    """
     return _reduce(x, axis_name, "sum", "psum")
 
 
 def pmean(x: Any, axis_name: AxisName) -> Any:
-    """Mean of ``x`` (a pytree of floating arrays) along ``axis_name``."""
+    """Mean of ``x`` (a pytree of floating arrays) along ``axis_name``.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r at (r // 2, r % 2)
+        ...     fc.lax.pmean([np.array([float(r)])], "tp")
+        [array([0.5])]                              # on ranks 0 and 1; ranks 2, 3 get [2.5]
+    """
     return _reduce(x, axis_name, "avg", "pmean")
 
 
 def pmax(x: Any, axis_name: AxisName) -> Any:
-    """Elementwise maximum of ``x`` along ``axis_name``."""
+    """Elementwise maximum of ``x`` along ``axis_name``.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r at (r // 2, r % 2)
+        ...     fc.lax.pmax(np.array([r, -r]), ("dp", "tp"))
+        array([3, 0])                               # on every rank
+    """
     return _reduce(x, axis_name, "max", "pmax")
 
 
 def pmin(x: Any, axis_name: AxisName) -> Any:
-    """Elementwise minimum of ``x`` along ``axis_name``."""
+    """Elementwise minimum of ``x`` along ``axis_name``.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r at (r // 2, r % 2)
+        ...     fc.lax.pmin(np.array([r]), "dp")
+        array([1])                                  # on ranks 1 and 3; ranks 0, 2 get [0]
+    """
     return _reduce(x, axis_name, "min", "pmin")
 
 
 def axis_index(axis_name: AxisName) -> int:
-    """This rank's index along ``axis_name`` (row-major over several names)."""
+    """This rank's index along ``axis_name`` (row-major over several names).
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4
+        ...     fc.lax.axis_index("dp"), fc.lax.axis_index("tp")
+        (1, 0)                                      # on rank 2, at (1, 0)
+    """
     return _group(axis_name, "axis_index").rank
 
 
 def axis_size(axis_name: AxisName) -> int:
-    """The number of ranks along ``axis_name``."""
+    """The number of ranks along ``axis_name``.
+
+    Example:
+        >>> with fc.Mesh((2, 3), ("dp", "tp")):     # mpiexec -n 6, on every rank
+        ...     fc.lax.axis_size("tp"), fc.lax.axis_size(("dp", "tp"))
+        (3, 6)
+    """
     return _group(axis_name, "axis_size").size
 
 
@@ -81,7 +117,16 @@ def _axis(value: int, ndim: int, fn: str, name: str) -> int:
 
 def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False) -> Any:
     """Every rank's ``x`` along ``axis_name``, stacked on a new axis ``axis`` (JAX's
-    default), or concatenated along ``axis`` when ``tiled=True``."""
+    default), or concatenated along ``axis`` when ``tiled=True``.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r holds [r, r]
+        ...     fc.lax.all_gather(np.array([r, r]), "dp")
+        array([[1, 1],
+               [3, 3]])                             # on ranks 1 and 3
+        ...     fc.lax.all_gather(np.array([r, r]), "dp", tiled=True)
+        array([1, 1, 3, 3])                         # on ranks 1 and 3
+    """
     g = _group(axis_name, "all_gather")
     leaves, spec = optree.tree_flatten(x)
     leaves = [np.asarray(leaf) for leaf in leaves]
@@ -103,6 +148,11 @@ def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
 
     Not tiled (JAX's default): that dimension must equal the axis size and is removed.
     Tiled: it must be divisible by the axis size and shrinks by that factor.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r holds [[r], [10 * r]]
+        ...     fc.lax.psum_scatter(np.array([[r], [10 * r]]), "tp")
+        array([1])                                  # on rank 0 (0 + 1); rank 1 gets [10]
     """
     fn = "psum_scatter"
     g = _group(axis_name, fn)
@@ -145,7 +195,13 @@ def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *
     """Split each leaf along ``split_axis`` into one block per rank, send block ``i`` to
     rank ``i``, and concatenate what arrives along ``concat_axis`` (JAX's semantics: not
     tiled, ``x.shape[split_axis]`` must equal the axis size, that axis is removed and a new
-    one of that size inserted at ``concat_axis``)."""
+    one of that size inserted at ``concat_axis``).
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r holds [10 * r, 10 * r + 1]
+        ...     fc.lax.all_to_all(np.array([10 * r, 10 * r + 1]), "tp", 0, 0)
+        array([ 1, 11])                             # on rank 1 (element 1 of ranks 0 and 1)
+    """
     fn = "all_to_all"
     g = _group(axis_name, fn)
     leaves, spec = optree.tree_flatten(x)
@@ -184,7 +240,14 @@ def _all_to_all_plan(leaf: np.ndarray, n: int, split_axis: int, concat_axis: int
 
 def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
     """Send ``x`` from ``src`` to ``dst`` for each ``(src, dst)`` in ``perm`` (indices along
-    ``axis_name``); ranks that receive nothing get zeros."""
+    ``axis_name``); ranks that receive nothing get zeros.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r holds [r]
+        ...     fc.lax.ppermute(np.array([r]), "dp", [(0, 1)])
+        array([0])                                  # on rank 2 (from rank 0); ranks 0, 1 get [0] (zeros)
+        array([1])                                  # on rank 3 (from rank 1)
+    """
     fn = "ppermute"
     g = _group(axis_name, fn)
     src_dst: list[int | None] = [None] * g.size
@@ -201,5 +264,11 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
 
 
 def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:
-    """`ppermute` with ``perm[i]`` = the index whose ``x`` rank ``i`` receives."""
+    """`ppermute` with ``perm[i]`` = the index whose ``x`` rank ``i`` receives.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r holds [r]
+        ...     fc.lax.pshuffle(np.array([r]), "tp", [1, 0])     # swap along "tp"
+        array([0])                                  # on rank 1; rank 0 gets [1], 2 and 3 swap too
+    """
     return ppermute(x, axis_name, [(src, dst) for dst, src in enumerate(perm)])

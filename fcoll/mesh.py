@@ -44,14 +44,22 @@ class Mesh:
 
     @property
     def ndim(self) -> int:
+        """The number of axes (``len(shape)``)."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of ranks on the mesh (the product of ``shape``)."""
         return math.prod(self.shape)
 
     def coordinate(self) -> tuple[int, ...]:
-        """This rank's position on the mesh, one index per axis."""
+        """This rank's position on the mesh, one index per axis.
+
+        Example:
+            >>> mesh = fc.Mesh((2, 3), ("dp", "tp"))    # mpiexec -n 6, row-major
+            >>> mesh.coordinate()                      # on rank 4 (rank 0 gets (0, 0))
+            (1, 1)
+        """
         return tuple(int(c) for c in np.unravel_index(self.parent.rank, self.shape))
 
     def _axes(self, names: str | Sequence[str]) -> tuple[str, ...]:
@@ -64,7 +72,15 @@ class Mesh:
 
     def group(self, names: str | Sequence[str]) -> Group:
         """The group of this rank and the ranks that differ from it only along ``names``
-        (one axis or several); created on first use, collectively over the mesh."""
+        (one axis or several); created on first use, collectively over the mesh.
+
+        Example:
+            >>> mesh = fc.Mesh((2, 3), ("dp", "tp"))    # mpiexec -n 6
+            >>> mesh.group("tp").ranks, mesh.group("dp").ranks     # on rank 4
+            ((3, 4, 5), (1, 4))
+            >>> mesh.group(("dp", "tp")).size          # both axes: every rank
+            6
+        """
         axes = self._axes(names)
         if axes not in self._groups:
             self._groups[axes] = self._split(axes)

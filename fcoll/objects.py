@@ -77,7 +77,14 @@ def all_gather_object(obj: object, group: GroupArg = None) -> list[Any]:
 
 
 def gather_object(obj: object, dst: int = 0, group: GroupArg = None) -> list[Any] | None:
-    """The list of every rank's ``obj`` on group rank ``dst``; ``None`` elsewhere."""
+    """The list of every rank's ``obj`` on group rank ``dst``; ``None`` elsewhere.
+
+    Example:
+        >>> fc.gather_object({"rank": fc.get_rank()})      # mpiexec -n 2, on rank 0
+        [{'rank': 0}, {'rank': 1}]
+        >>> fc.gather_object({"rank": fc.get_rank()}) is None      # on rank 1
+        True
+    """
     fn = "gather_object"
     g, comm = member(group, fn)
     if _runtime._state.checking:
@@ -110,7 +117,13 @@ def broadcast_object(obj: object, src: int = 0, group: GroupArg = None) -> Any:
 
 
 def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = None) -> Any:
-    """Rank ``r`` gets ``objs[r]`` of group rank ``src``; other ranks pass ``None``."""
+    """Rank ``r`` gets ``objs[r]`` of group rank ``src``; other ranks pass ``None``.
+
+    Example:
+        >>> objs = [{"shard": i} for i in range(2)] if fc.get_rank() == 0 else None
+        >>> fc.scatter_object(objs, src=0)                 # on rank 1 (rank 0 gets shard 0)
+        {'shard': 1}
+    """
     fn = "scatter_object"
     g, comm = member(group, fn)
     if _runtime._state.checking:

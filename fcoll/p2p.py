@@ -158,7 +158,14 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
 
 
 def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
-    """Start sending ``x`` (copied at the call) to group rank ``dst``; returns a `Work`."""
+    """Start sending ``x`` (copied at the call) to group rank ``dst``; returns a `Work`.
+
+    Example:
+        >>> r = fc.get_rank()                               # mpiexec -n 2
+        >>> w = fc.isend(np.array([r]), dst=1 - r)          # to the other rank
+        >>> fc.recv(src=1 - r), w.wait()                    # on rank 0; rank 1 gets [0]
+        (array([1]), None)
+    """
     if type(x) is not np.ndarray and is_cupy(x):  # copied to the host at the call
         x = gpu_mpi.to_host(x)
     g, comm = member(group, "isend")
@@ -217,7 +224,15 @@ class _Receive(Operation):
 
 def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work:
     """Start receiving from group rank ``src`` (any rank if ``None``); ``wait()`` returns
-    the array and `Work.source_rank` the sender."""
+    the array and `Work.source_rank` the sender.
+
+    Example:
+        >>> r = fc.get_rank()                               # mpiexec -n 2
+        >>> w = fc.irecv(src=1 - r)
+        >>> fc.send(np.full(2, r), dst=1 - r)
+        >>> w.wait()                                        # on rank 0; rank 1 gets [0, 0]
+        array([1, 1])
+    """
     g, comm = member(group, "irecv")
     source = MPI.ANY_SOURCE if src is None else _peer(src, g, "irecv", "src", self_ok=True)
     return Work(_Receive(g, comm, source, _tag(tag, "irecv")))
@@ -226,7 +241,15 @@ def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work:
 @dataclass(frozen=True)
 class P2POp:
     """One operation of `batch_isend_irecv`: ``P2POp(fc.isend, x, peer)`` or
-    ``P2POp(fc.irecv, None, peer)`` (the received shape and dtype travel with the data)."""
+    ``P2POp(fc.irecv, None, peer)`` (the received shape and dtype travel with the data).
+
+    Example:
+        >>> r, n = fc.get_rank(), fc.get_world_size()        # a ring of n ranks
+        >>> ops = [fc.P2POp(fc.isend, np.array([r]), (r + 1) % n),
+        ...        fc.P2POp(fc.irecv, None, (r - 1) % n)]
+        >>> fc.wait_all(fc.batch_isend_irecv(ops))[1]        # rank 0 of 4 gets rank 3's
+        array([3])
+    """
 
     op: Any
     tensor: np.ndarray | None

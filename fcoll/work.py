@@ -23,6 +23,13 @@ class CollectiveTimeoutError(TimeoutError):
 
     The message names the operation, the group's ranks, the deadline and the call's
     sequence number on the group. The group is unusable afterwards.
+
+    Example:
+        >>> fc.init(timeout=5)                        # every rank; mpiexec -n 2
+        >>> if fc.get_rank() == 0:                    # rank 1 never joins
+        ...     fc.all_reduce(np.ones(3))
+        Traceback (most recent call last):            # on rank 0, after 5 s
+        CollectiveTimeoutError: all_reduce (call #1 on the group) ... 5 s deadline on group ranks [0, 1]
     """
 
 
@@ -185,6 +192,11 @@ class Work:
 
         ``timeout`` (seconds or `datetime.timedelta`; default: `fcoll.init`'s) raises
         `CollectiveTimeoutError` if it passes first; the operation stays in flight.
+
+        Example:
+            >>> w = fc.broadcast(np.array([fc.get_rank()]), src=1, async_op=True)
+            >>> w.wait(timeout=10)        # rank 0 held [0], rank 1 held [1]; both get
+            array([1])
         """
         self._waited = True
         if self._has_value:
@@ -201,16 +213,38 @@ class Work:
         return value
 
     def is_completed(self) -> bool:
-        """Whether the operation has completed (makes progress; never blocks)."""
+        """Whether the operation has completed (makes progress; never blocks).
+
+        Example:
+            >>> w = fc.all_reduce(np.ones(2), async_op=True)     # every rank
+            >>> while not w.is_completed():
+            ...     do_some_local_work()
+            >>> w.wait()                                       # 2 ranks: no waiting left
+            array([2., 2.])
+        """
         return self._op.test()
 
     def then(self, fn: Callable[[Any], Any]) -> Work:
-        """A `Work` whose result is ``fn(result)``; ``fn`` runs in the waiting thread."""
+        """A `Work` whose result is ``fn(result)``; ``fn`` runs in the waiting thread.
+
+        Example:
+            >>> w = fc.all_reduce(np.array([fc.get_rank() + 1]), async_op=True)
+            >>> w.then(lambda y: y * 10).wait()     # rank 0 held [1], rank 1 [2]; both get
+            array([30])
+        """
         self._waited = True  # the chained Work takes over the duty to wait
         return Work(self._op, fn, self)
 
     def source_rank(self) -> int:
-        """The group rank a completed `irecv` received from."""
+        """The group rank a completed `irecv` received from.
+
+        Example:
+            >>> if fc.get_rank() == 2: fc.send(np.arange(3), dst=0)
+            >>> if fc.get_rank() == 0:
+            ...     w = fc.irecv()                     # from any rank
+            ...     w.wait(), w.source_rank()
+            (array([0, 1, 2]), 2)
+        """
         if not self._op.done or self._op.source is None:
             raise ValueError("source_rank: expected a completed irecv, "
                              f"got a {'pending' if not self._op.done else 'non-receive'} "

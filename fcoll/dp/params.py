@@ -97,7 +97,16 @@ class PeriodicModelAverager:
         self.step = 0
 
     def average_parameters(self, params: Any) -> Any:
-        """Average now if the schedule says so; count the call either way."""
+        """Average now if the schedule says so; count the call either way.
+
+        Example:
+            >>> avg = fc.dp.PeriodicModelAverager(period=2)
+            >>> p = {"w": np.array([float(fc.get_rank())])}     # rank 0: [0.], rank 1: [1.]
+            >>> avg.average_parameters(p)                      # call 0: averaged, both ranks
+            {'w': array([0.5])}
+            >>> avg.average_parameters(p)                      # call 1: returned unchanged
+            {'w': array([1.])}                                 # on rank 1
+        """
         k, self.step = self.step, self.step + 1
         if k >= self.warmup_steps and (k - self.warmup_steps) % self.period == 0:
             return average_parameters(params, self.group)

@@ -1,0 +1,156 @@
+"""``python -m fcoll info``: what fcoll runs on (versions, MPI, threads, knobs, GPU).
+
+`collect` starts MPI the way fcoll does (so the thread level shown is the one fcoll
+gets) and returns sections of ``name -> text``; `render_plain`, `render_rich` and
+``json.dumps`` present them. GPU facts come from ``fcoll._probe`` when that module exists,
+else from a minimal probe that never needs a GPU to succeed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+import warnings
+from typing import Any
+
+Report = dict[str, dict[str, str]]
+
+# Environment variables fcoll reads (all FCOLL_* that are set are shown too), and MPICH
+# settings fcoll may set itself when ranks outnumber cores (fcoll._runtime).
+KNOBS = ("FCOLL_MPI_THREAD_LEVEL", "FCOLL_DEBUG", "FCOLL_MALLOC_TUNING")
+MPICH_SET = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
+             "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM")
+_THREAD_NAMES = ("single", "funneled", "serialized", "multiple")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cores() -> int:
+    getter = getattr(os, "sched_getaffinity", None)
+    return len(getter(0)) if getter is not None else (os.cpu_count() or 1)
+
+
+def _mpi_section() -> dict[str, str]:
+    import mpi4py
+
+    from fcoll._runtime import mpi
+
+    MPI = mpi()
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    local_size = local.Get_size()
+    local.Free()
+    provided = MPI.Query_thread()
+    major, minor = MPI.Get_version()
+    cores = _cores()
+    return {
+        "library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+        "standard": f"{major}.{minor}",
+        "thread level": f"{_THREAD_NAMES[provided]} (requested {mpi4py.rc.thread_level})",
+        "world size": str(world.Get_size()),
+        "ranks on this node": str(local_size),
+        "cores available": str(cores),
+        "oversubscribed": (f"yes ({local_size} ranks > {cores} cores): expect slow, noisy timings"
+                           if local_size > cores else "no"),
+    }
+
+
+def _minimal_gpu() -> tuple[dict[str, str], bool | None]:
+    """cupy / CUDA runtime / NCCL versions without a GPU being required."""
+    if importlib.util.find_spec("cupy") is None:
+        return {"cupy": "not installed"}, None
+    facts = {"cupy": "installed, fails to import"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cupy: Any = importlib.import_module("cupy")
+            facts["cupy"] = str(cupy.__version__)
+            runtime = int(cupy.cuda.runtime.runtimeGetVersion())
+            facts["CUDA runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
+            try:
+                facts["GPUs"] = str(cupy.cuda.runtime.getDeviceCount())
+            except Exception as error:
+                facts["GPUs"] = f"none usable ({str(error).split(':')[0][:80] or type(error).__name__})"
+            try:
+                from cupy.cuda import nccl
+
+                facts["NCCL"] = str(nccl.get_version())
+            except Exception:
+                facts["NCCL"] = "not available"
+    except Exception as error:
+        facts.setdefault("CUDA runtime", f"unavailable ({type(error).__name__})")
+    return facts, None
+
+
+def _gpu_section() -> dict[str, str]:
+    try:
+        probe: Any = importlib.import_module("fcoll._probe")
+    except ImportError:
+        probe = None
+    try:
+        if probe is not None:
+            facts, aware = dict(probe.gpu_report()), probe.cuda_aware_mpi()
+        else:
+            facts, aware = _minimal_gpu()
+    except Exception as error:
+        return {"probe": f"failed ({type(error).__name__}: {error})"}
+    facts = {str(k): str(v) for k, v in facts.items()}
+    facts["CUDA-aware MPI"] = {True: "yes", False: "no", None: "unknown"}[aware]
+    return facts
+
+
+def _knobs() -> dict[str, str]:
+    names = sorted(set(KNOBS) | {k for k in os.environ if k.startswith("FCOLL_")})
+    shown = {name: os.environ.get(name, "(unset)") for name in names}
+    shown.update({name: os.environ[name] for name in MPICH_SET if name in os.environ})
+    return shown
+
+
+def collect() -> Report:
+    """Every fact ``info`` shows, as ``{section: {name: text}}`` (collective over the job)."""
+    import fcoll
+
+    versions = {
+        "fcoll": f"{fcoll.__version__} ({os.path.dirname(fcoll.__file__)})",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "numpy": _version("numpy"),
+        "mpi4py": _version("mpi4py"),
+        "ml_dtypes": _version("ml_dtypes"),
+        "platform": platform.platform(),
+    }
+    return {"versions": versions, "mpi": _mpi_section(), "environment": _knobs(),
+            "gpu": _gpu_section()}
+
+
+def render_plain(report: Report) -> str:
+    """The report as aligned ``name: value`` lines under each section's title."""
+    width = max(len(k) for section in report.values() for k in section)
+    lines: list[str] = []
+    for title, section in report.items():
+        lines.append(f"[{title}]")
+        lines.extend(f"  {name:<{width}}  {value}" for name, value in section.items())
+    return "\n".join(lines)
+
+
+def render_rich(report: Report) -> None:
+    """Print the report as one rich table per section."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for title, section in report.items():
+        table = Table(title=title, show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column()
+        for name, value in section.items():
+            table.add_row(name, value)
+        console.print(table)

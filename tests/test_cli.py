@@ -1,0 +1,144 @@
+"""``python -m fcoll info`` and ``python -m fcoll check``: real commands from the
+world-size-1 pass (they launch their own jobs), plus the report logic on its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fcoll as fc
+from fcoll import _info
+from fcoll._check import Verdict, report, verdicts
+from fcoll._checks import CHECKS, same
+
+ROOT = Path(__file__).resolve().parents[1]
+spawns = pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")
+
+
+def _fcoll(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    return subprocess.run([sys.executable, "-m", "fcoll", *args], cwd=ROOT, env={**clean, **env},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@spawns
+def test_info_prints_mpi_library_and_versions():
+    done = _fcoll("info", FCOLL_DEBUG="info")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    from mpi4py import MPI
+
+    assert " ".join(MPI.Get_library_version().splitlines()[0].split()) in out
+    assert f"{fc.__version__}" in out and f"{np.__version__}" in out
+    assert "thread level" in out and "serialized" in out
+    assert "FCOLL_DEBUG" in out and "info" in out
+    assert "CUDA-aware MPI" in out and "world size" in out
+
+
+@spawns
+def test_info_json_parses():
+    done = _fcoll("info", "--json", FCOLL_MPI_THREAD_LEVEL="funneled")
+    assert done.returncode == 0, done.stderr
+    report_ = json.loads(done.stdout)
+    assert set(report_) == {"versions", "mpi", "environment", "gpu"}
+    assert report_["mpi"]["world size"] == "1"
+    assert report_["mpi"]["thread level"].startswith("funneled")
+    assert report_["mpi"]["oversubscribed"] == "no"
+    assert report_["environment"]["FCOLL_MPI_THREAD_LEVEL"] == "funneled"
+    assert report_["versions"]["numpy"] == np.__version__
+    assert report_["gpu"]["CUDA-aware MPI"] in ("yes", "no", "unknown")
+
+
+@spawns
+def test_check_on_two_ranks_passes():
+    done = _fcoll("check", "-n", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert len(lines) == len(CHECKS) and all(line.startswith("PASS") for line in lines)
+    assert f"{len(CHECKS)} passed, 0 failed on 2 ranks" in done.stdout
+
+
+@spawns
+def test_check_reports_a_failing_check_and_exits_nonzero():
+    done = _fcoll("check", "-n", "2", "--only", "broadcast", "--only", "barrier",
+                  "--inject-failure", "broadcast")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "PASS  barrier" in done.stdout
+    assert "FAIL  broadcast  on rank 1: [rank 1] AssertionError: deliberate failure" in done.stdout
+    assert "1 passed, 1 failed on 2 ranks" in done.stdout
+
+
+@spawns
+def test_check_reports_a_hung_job(tmp_path):
+    hang = tmp_path / "mpiexec"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    done = _fcoll("check", "--timeout", "1", MPIEXEC=str(hang), timeout=30)
+    assert done.returncode == 124, done.stdout + done.stderr
+    assert "FAIL  the job timed out after 1 s" in done.stdout
+
+
+@spawns
+def test_check_rejects_an_unknown_name():
+    done = _fcoll("check", "--only", "all_reduce_typo")
+    assert done.returncode == 2 and "got ['all_reduce_typo']" in done.stderr
+
+
+def test_gpu_facts_come_from_fcoll_probe_when_it_exists(monkeypatch):
+    probe = types.ModuleType("fcoll._probe")
+    probe.gpu_report = lambda: {"cupy": "13.3.0", "NCCL": "2.21.5"}  # type: ignore[attr-defined]
+    probe.cuda_aware_mpi = lambda: True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fcoll._probe", probe)
+    assert _info._gpu_section() == {"cupy": "13.3.0", "NCCL": "2.21.5", "CUDA-aware MPI": "yes"}
+
+
+def test_gpu_fallback_without_cupy_or_probe(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fcoll._probe", None)  # import fails as if absent
+    monkeypatch.setattr(_info.importlib.util, "find_spec", lambda name: None)
+    assert _info._gpu_section() == {"cupy": "not installed", "CUDA-aware MPI": "unknown"}
+
+
+def test_report_names_the_failing_ranks():
+    per_rank = [[None, None, "AssertionError: result: expected [1], got [2]"],
+                [None, "ValueError: bad", "AssertionError: result: expected [1], got [3]"]]
+    results = verdicts(["a", "bb", "ccc"], per_rank)
+    assert results == [Verdict("a", {}), Verdict("bb", {1: "ValueError: bad"}),
+                       Verdict("ccc", {0: per_rank[0][2], 1: per_rank[1][2]})]
+    text, code = report(results, 2)
+    assert code == 1
+    assert text.splitlines() == [
+        "PASS  a",
+        "FAIL  bb   on rank 1: [rank 1] ValueError: bad",
+        "FAIL  ccc  on rank 0, 1: [rank 0] AssertionError: result: expected [1], got [2]",
+        "1 passed, 2 failed on 2 ranks",
+    ]
+    assert report([Verdict("a", {})], 1) == ("PASS  a\n1 passed, 0 failed on 1 rank", 0)
+
+
+def test_same_detects_value_shape_and_dtype_differences():
+    same(np.arange(3), np.arange(3))
+    same(None, None)
+    with pytest.raises(AssertionError, match=r"expected \[0, 1, 2\], got \[0, 1, 3\]"):
+        same(np.array([0, 1, 3]), np.arange(3))
+    with pytest.raises(AssertionError, match="expected shape"):
+        same(np.arange(3).reshape(3, 1), np.arange(3))
+    with pytest.raises(AssertionError, match="expected dtype int64, got int32"):
+        same(np.arange(3, dtype=np.int32), np.arange(3, dtype=np.int64))
+    with pytest.raises(AssertionError, match="expected None"):
+        same(np.arange(3), None)
+
+
+def test_every_check_passes_in_this_job(rank, world_size):
+    """The checks themselves, at the suite's own world size (every rank runs each)."""
+    for name, check in CHECKS.items():
+        try:
+            check(rank, world_size)
+        except Exception as error:
+            raise AssertionError(f"check {name!r} failed on rank {rank}") from error
