@@ -174,9 +174,10 @@ class MPISession:
             for rank, (reports, _) in enumerate(everyone):
                 for data in reports if rank else []:
                     self.config.hook.pytest_collectreport(report=self._deserialize(data, rank))
-        self.mismatch = _compare_collections([ids for _, ids in everyone])
         if errors and not self.config.option.continue_on_collection_errors:
-            self.mismatch = self.mismatch or f"errors during collection on ranks {errors}"
+            self.mismatch = f"errors during collection on ranks {errors}"
+        else:
+            self.mismatch = _compare_collections([ids for _, ids in everyone])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -303,7 +304,7 @@ class MPISession:
         """Another rank's report, renamed ``<nodeid>@rank<k>`` (its title says so too)."""
         report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
         report.nodeid = f"{report.nodeid}@rank{rank}"
-        if getattr(report, "location", None):
+        if isinstance(report, pytest.TestReport):
             path, line, domain = report.location
             report.location = (path, line, f"{domain}@rank{rank}")
         report.mpi_rank = rank
