@@ -130,9 +130,11 @@ class MPISession:
 
     def pytest_report_header(self) -> str:
         MPI = mpi()
-        lines = [f"fcoll.testing: world size {self.size}, "
-                 f"{MPI.Get_library_version().splitlines()[0].strip()}, "
-                 f"per-test limit {self.limit:g} s"]
+        library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+        levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+        lines = [f"fcoll.testing: world size {self.size}, {library}, thread level "
+                 f"{levels.get(MPI.Query_thread())}, per-test limit {self.limit:g} s"]
         if self.hypothesis:
             lines.append(f"fcoll.testing: {self.hypothesis}")
         return "\n".join(lines)
@@ -215,8 +217,9 @@ class MPISession:
         if report.failed:
             self.reports.append(self._serialize(report))
             if self.watch.phase is not None:
-                last = (report.longreprtext.strip().splitlines() or ["failed"])[-1]
-                self.watch.phase.notes.append(f"{call.when}: {last[:200]}")
+                crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+                last = crash or (report.longreprtext.strip().splitlines() or ["failed"])[-1]
+                self.watch.phase.notes.append(f"{call.when}: {last.splitlines()[0][:200]}")
             if call.excinfo is not None and call.excinfo.errisinstance(fcoll.CollectiveTimeoutError):
                 self.timed_out = True
         if call.when == "teardown":

@@ -148,8 +148,9 @@ def test_hang_on_rank_0_is_reported_and_ends_the_job(tmp_path):
         import numpy as np, fcoll as fc
 
         def test_hang():
-            if fc.get_rank() != 1:      # rank 1 skips the collective
-                fc.all_reduce(np.ones(1))
+            if fc.get_rank() == 1:
+                raise ValueError("rank 1 gives up")   # and skips the collective
+            fc.all_reduce(np.ones(1))
 
         def test_after():
             pass
@@ -157,7 +158,8 @@ def test_hang_on_rank_0_is_reported_and_ends_the_job(tmp_path):
     assert job.code != 0 and job.took < 20, (job.code, job.took, job.out)
     assert "FAILED test_e.py::test_hang@rank0 - did not finish within 2 s: in fcoll all_reduce " \
            "(call #1 on group ranks [0, 1]), blocked inside MPI" in job.out, job.out
-    assert "rank 1: finished it and is waiting for the others" in job.out, job.out
+    assert "rank 1: finished it and is waiting for the others; it failed there: call: " \
+           "ValueError: rank 1 gives up" in job.out, job.out
     assert "test_after" not in job.out
 
 
