@@ -1,4 +1,4 @@
-"""Fixtures shared by the suite; the MPI harness lives in tests/harness.py."""
+"""Fixtures shared by the suite; the MPI session plugin is fcoll.testing (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import fcoll as fc
 
-pytest_plugins = ["tests.harness"]
+pytest_plugins = ["fcoll.testing"]
 
 
 @dataclass(frozen=True)
