@@ -27,9 +27,10 @@ AUTO = {f"MPIR_CVAR_{a}_POSIX_INTRA_ALGORITHM": "auto" for a in ALGOS}
 # name -> (environment, extra mpiexec flags)
 SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
     "MPICH defaults": (AUTO, []),
-    "fcoll default (mpir algorithms)": ({}, []),
-    "+ progress throttle": ({"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"}, []),
-    "+ yield every 10 polls": ({"MPIR_CVAR_POSIX_POLL_FREQUENCY": "10", "MPIR_CVAR_POLLS_BEFORE_YIELD": "10"}, []),
+    "fcoll before (mpir algorithms)": ({"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "0"}, []),
+    "fcoll default (+ throttle)": ({}, []),
+    "+ yield every 10 polls": ({"MPIR_CVAR_POSIX_POLL_FREQUENCY": "10",
+                                "MPIR_CVAR_POLLS_BEFORE_YIELD": "10"}, []),
     "+ throttle, 256 idle polls": ({"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
                                     "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "256"}, []),
     "+ throttle, bind to core": ({"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"}, ["-bind-to", "core"]),
@@ -39,7 +40,8 @@ SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
 }
 
 
-def run_bench(n: int, env: dict[str, str], flags: list[str], sizes: list[str]) -> dict[tuple[str, str, str], float]:
+def run_bench(n: int, env: dict[str, str], flags: list[str],
+              sizes: list[str]) -> dict[tuple[str, str, str], float]:
     python = sys.executable
     mpiexec = str(Path(python).parent / "mpiexec")
     with tempfile.TemporaryDirectory() as tmp:
