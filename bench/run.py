@@ -60,11 +60,23 @@ def worker_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def launcher_flags(mpiexec: str, n: int) -> list[str]:
+    """``$MPIEXEC_FLAGS``, else what the scripts use with more ranks than cores: MPICH's
+    ``-bind-to core`` (bench/oversubscription.py measured it best)."""
+    if "MPIEXEC_FLAGS" in os.environ:
+        return os.environ["MPIEXEC_FLAGS"].split()
+    if n <= len(os.sched_getaffinity(0)):
+        return []
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
+    return ["-bind-to", "core"] if "HYDRA" in version else []
+
+
 def launch(n: int, csv_path: Path, args: argparse.Namespace) -> int:
     """One mpiexec job at world size ``n``; its exit status."""
     python = sys.executable
     mpiexec = os.environ.get("MPIEXEC") or str(Path(python).parent / "mpiexec")
-    cmd = [mpiexec, "-n", str(n), python, "-m", "mpi4py", str(HERE / "collectives.py"),
+    cmd = [mpiexec, *launcher_flags(mpiexec, n), "-n", str(n), python, "-m", "mpi4py",
+           str(HERE / "collectives.py"),
            "--csv", str(csv_path), *worker_args(args)]
     env = {**os.environ, "MPIEXEC_TIMEOUT": str(args.timeout),
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
