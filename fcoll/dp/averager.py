@@ -82,7 +82,7 @@ class _Bucket:
         self.nbytes += array.nbytes
 
     def flat(self) -> np.ndarray:
-        return np.concatenate([a.reshape(-1) for a in self.arrays])
+        return np.concatenate(self.arrays, axis=None)  # flattens each, in C order
 
     def unpack(self, averaged: np.ndarray) -> dict[Any, np.ndarray]:
         out, offset = {}, 0
@@ -124,6 +124,10 @@ def _checked_cap(bucket_cap_mb: object) -> int:
     return int(bucket_cap_mb * 2**20)
 
 
+_LAYOUTS: dict[Any, list[list[int]]] = {}  # bucket layouts, shared by every averager
+_MAX_LAYOUTS = 256
+
+
 class GradientAverager:
     """Averages gradient pytrees over the ranks of ``group``, in buckets.
 
@@ -160,7 +164,6 @@ class GradientAverager:
         self._accumulated: dict[Any, np.ndarray] = {}
         self._open: dict[np.dtype[Any], _Bucket] = {}
         self._launched: list[tuple[_Bucket, Any]] = []
-        self.layouts: dict[Any, list[list[int]]] = {}  # bucket layout per tree structure
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -213,26 +216,33 @@ class GradientAverager:
             spec, [by_path[p] for p in paths]))
 
     def _layout(self, spec: Any, leaves: list[np.ndarray]) -> list[list[int]]:
-        """Leaf indices per bucket: per dtype, in reverse leaf order, up to the cap."""
-        signature = (spec, tuple((np.shape(leaf), np.asarray(leaf).dtype) for leaf in leaves))
-        cached = self.layouts.get(signature)
+        """Leaf indices per bucket: per dtype, in reverse leaf order, up to the cap.
+
+        Cached per (tree structure, shapes, dtypes, cap) across averagers, so
+        `average_gradients`, which makes a new averager per call, plans once."""
+        signature = (spec, self.cap, tuple((leaf.shape, leaf.dtype) if type(leaf) is np.ndarray
+                                           else (None, type(leaf)) for leaf in leaves))
+        cached = _LAYOUTS.get(signature)
         if cached is not None:
             return cached
         layout: list[list[int]] = []
-        open_: dict[np.dtype[Any], list[int]] = {}
+        open_: dict[np.dtype[Any], tuple[list[int], list[int]]] = {}  # dtype -> (indices, [bytes])
         for i in reversed(range(len(leaves))):
             leaf = leaves[i]
             if not isinstance(leaf, np.ndarray):
                 raise TypeError(f"GradientAverager: expected numpy.ndarray leaves, got "
                                 f"{type(leaf).__name__}")
-            indices = open_.get(leaf.dtype)
-            if indices is None:
-                indices = open_[leaf.dtype] = []
-                layout.append(indices)
-            indices.append(i)
-            if sum(leaves[j].nbytes for j in indices) >= self.cap:
+            entry = open_.get(leaf.dtype)
+            if entry is None:
+                entry = open_[leaf.dtype] = ([], [0])
+                layout.append(entry[0])
+            entry[0].append(i)
+            entry[1][0] += leaf.nbytes
+            if entry[1][0] >= self.cap:
                 del open_[leaf.dtype]
-        self.layouts[signature] = layout
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[signature] = layout
         return layout
 
     def push(self, key: Any, grad: np.ndarray) -> None:
