@@ -34,6 +34,22 @@ def test_broadcast_seed_values(group, dtype, value):
         assert same_bits(y, np.full((src + 1,) * 3, value, dtype))
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 4099])
+def test_broadcast_large_goes_in_chunks(group, extra):
+    """Around and above the size where broadcasts are pipelined (fcoll.backends.mpi)."""
+    from fcoll.backends import mpi as backend
+
+    nbytes = backend.PIPELINE_BYTES + extra * 8
+    for src in {0, group.size - 1}:
+        truth = bits(src, (nbytes // 8,), np.float64, salt=3)
+        x = truth.copy() if group.rank == src else np.zeros_like(truth)
+        x.flags.writeable = False
+        y = fc.broadcast(x, src, group.arg)
+        assert same_bits(y, truth) and not np.shares_memory(x, y)
+    x3 = bits(group.rank, (2, backend.PIPELINE_BYTES // 16, 2), np.int32)  # 2-D rows, any root
+    assert same_bits(fc.broadcast(x3, 0, group.arg), bits(0, x3.shape, np.int32))
+
+
 @pytest.mark.parametrize("layout", ["strided", "fortran", "empty", "0d", "readonly"])
 def test_broadcast_layouts(group, layout):
     src = group.size - 1

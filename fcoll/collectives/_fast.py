@@ -106,8 +106,11 @@ def all_to_all(g: Any, byte: Any) -> Fast:
 
 def broadcast(g: Any, byte: Any, root: int) -> Fast:
     comm, empty, is_root = g._comm, np.empty, g.rank == root
+    from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
 
-    def run(x: np.ndarray) -> np.ndarray:
+    def run(x: np.ndarray) -> np.ndarray | None:
+        if x.nbytes >= pipeline:
+            return None  # the full path pipelines large broadcasts
         g.seq += 1
         buf = x.copy() if is_root else empty(x.shape, x.dtype)  # copy(): C order
         comm.Bcast([buf, byte], root)

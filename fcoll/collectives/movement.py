@@ -46,8 +46,9 @@ def broadcast(
     """
     if group is None and not async_op and type(x) is np.ndarray and type(src) is int:
         fast = _fast.BROADCAST.get((src, x.dtype))
-        if fast is not None:
-            return fast(x)  # type: ignore[return-value]
+        y = fast(x) if fast is not None else None
+        if y is not None:
+            return y
     g, comm = member(group, "broadcast")
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("broadcast", broadcast, x, src, group, async_op=async_op)
@@ -57,6 +58,8 @@ def broadcast(
     check_array(x, "broadcast")
     if not async_op and type(src) is int and _fast.eligible(g):
         _fast.BROADCAST[src, x.dtype] = _fast.broadcast(g, backend.BYTE, root)
+    if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
+        return backend.bcast_copy(comm, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
     if async_op:
         return launch("broadcast", g, backend.ibcast(comm, buf, root), lambda: buf, buf)
