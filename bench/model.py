@@ -2,6 +2,9 @@
 
     t(S, n) = c + alpha * log2(n) + beta * F(op, n) * S
 
+Only world sizes with at most one rank per core are fitted (oversubscribed timings are the
+scheduler's); with a single such world size ``c`` is folded into ``alpha``.
+
 ``c`` is the per-call cost on the calling rank (Python, argument checks, allocation),
 ``alpha`` the cost of one communication step (latency-bound algorithms take log2(n)
 steps), ``beta`` seconds per byte on the busiest link, and ``F`` nccl-tests' bus factor
@@ -27,10 +30,13 @@ def design(op: str, n: int, nbytes: float) -> list[float]:
 
 
 def fit(points: list[tuple[int, float, float]], op: str) -> tuple[np.ndarray, float]:
-    """points: (n, bytes, seconds) -> (coefficients [c, alpha, beta] in s, s, s/B; rms rel. error)."""
+    """points: (n, bytes, seconds) -> (coefficients [c, alpha, beta] in s, s, s/B; rms rel. error).
+
+    With a single world size, ``c`` and ``alpha * log2(n)`` cannot be told apart: ``c`` is
+    then left out, so the whole small-message time scales as log2(n) (conservative)."""
     a = np.array([design(op, n, s) for n, s, _ in points])
     t = np.array([p[2] for p in points])
-    keep = [0, 1, 2]
+    keep = [0, 1, 2] if len({p[0] for p in points}) > 1 else [1, 2]
     while True:
         coef = np.zeros(3)
         sol, *_ = np.linalg.lstsq(a[:, keep] / t[:, None], np.ones(len(t)), rcond=None)
@@ -43,6 +49,14 @@ def fit(points: list[tuple[int, float, float]], op: str) -> tuple[np.ndarray, fl
     return coef, err
 
 
+def clean(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows measured with at most one rank per core (others are scheduler noise);
+    all rows when there are none."""
+    ok = [r for r in rows if r.get("ranks_per_node") and r.get("cores")
+          and int(r["ranks_per_node"]) <= int(r["cores"])]
+    return ok or rows
+
+
 def predict(coef: np.ndarray, op: str, n: int, nbytes: float) -> float:
     return float(np.dot(design(op, n, nbytes), coef))
 
@@ -50,9 +64,10 @@ def predict(coef: np.ndarray, op: str, n: int, nbytes: float) -> float:
 def fit_and_plot(rows: list[dict[str, str]], out: Path) -> list[dict[str, object]]:
     table: list[dict[str, object]] = []
     curves = {}
+    used = clean(rows)
     for op in OPS:
         for impl in ("fcoll", "raw"):
-            pts = [(int(r["n"]), float(r["bytes"]), float(r["median_us"]) * 1e-6) for r in rows
+            pts = [(int(r["n"]), float(r["bytes"]), float(r["median_us"]) * 1e-6) for r in used
                    if r["op"] == op and r["impl"] == impl and r.get("median_us")]
             if len({p[0] for p in pts}) < 1 or len(pts) < 3:
                 continue

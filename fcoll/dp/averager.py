@@ -204,13 +204,16 @@ class GradientAverager:
             for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
                 self.push(path, leaf)
         else:
+            acc = self._accumulated
             for indices in self._layout(spec, leaves):
                 bucket = _Bucket()
-                for i in indices:
-                    leaf = leaves[i]
-                    if paths[i] in self._accumulated:
-                        leaf = leaf + self._accumulated.pop(paths[i])
-                    bucket.add(paths[i], leaf)
+                if acc:  # gradients summed under no_sync join this step's
+                    for i in indices:
+                        leaf = leaves[i]
+                        bucket.add(paths[i], leaf + acc.pop(paths[i]) if paths[i] in acc else leaf)
+                else:
+                    bucket.keys = [paths[i] for i in indices]
+                    bucket.arrays = [leaves[i] for i in indices]
                 self._launch(bucket)
         return self._finish().then(lambda by_path: optree.tree_unflatten(
             spec, [by_path[p] for p in paths]))
