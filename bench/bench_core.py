@@ -91,6 +91,7 @@ if ARGS.thread_level:
 # fcoll starts MPI (at FCOLL_MPI_THREAD_LEVEL, default serialized) when it is imported /
 # first used, but only if mpi4py.MPI is not imported yet: so fcoll first, then MPI.
 import fcoll  # noqa: E402
+from fcoll._runtime import _node_cpus  # noqa: E402
 
 fcoll.init()
 import mpi4py  # noqa: E402
@@ -291,7 +292,7 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path, warning
 def cores_per_node_check(comm: Any) -> str:
     """A warning when this node runs more ranks than it has cores (timings become noise)."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks, cores = local.Get_size(), len(os.sched_getaffinity(0))
+    ranks, cores = local.Get_size(), _node_cpus()
     local.Free()
     if ranks <= cores:
         return ""
@@ -303,7 +304,7 @@ def main(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
     mpi_env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                       if k.startswith(("MPIR_CVAR_", "MPICH_", "FCOLL_")))
+                       if k.startswith(("MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "FCOLL_")))
     meta = {
         "n": n,
         "thread_level": thread_level_name(MPI.Query_thread()),
