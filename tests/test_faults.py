@@ -28,6 +28,7 @@ def _job(tmp_path: Path, body: str, n: int = 2, limit: float = 60) -> tuple[int,
     return done.returncode, done.stdout + done.stderr, time.monotonic() - start
 
 
+@pytest.mark.smoke
 def test_exception_on_one_rank_aborts_the_job(tmp_path):
     code, out, took = _job(tmp_path, """
         if fc.get_rank() == 1:
@@ -50,6 +51,7 @@ def test_silent_rank_times_out(tmp_path):
     assert "1 s deadline on group ranks [0, 1]" in out
 
 
+@pytest.mark.smoke
 def test_dead_rank_ends_the_job(tmp_path):
     code, _, took = _job(tmp_path, """
         fc.init(timeout=5.0)

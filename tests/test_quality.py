@@ -63,6 +63,7 @@ def test_mesh_example_on_a_2x2_mesh():
     assert "match the single-process result on all 4 ranks" in done.stdout
 
 
+@pytest.mark.smoke
 def test_example_runs_on_four_ranks():
     done = jobs.run(4, sys.executable, "-m", "mpi4py", "examples/tour.py", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

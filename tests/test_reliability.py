@@ -141,6 +141,7 @@ def test_deadline_on_recv(group):
     fc.barrier(group.arg)
 
 
+@pytest.mark.smoke
 def test_monitored_barrier(group):
     fc.monitored_barrier(group.arg, timeout=30)
     if group.size < 2:
