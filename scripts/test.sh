@@ -9,10 +9,15 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/env.sh"
 cd "$root"
+# Open MPI gives each rank a terminal for stdout: let pytest colour only if we have one.
+color=()
+if [ "$mpi" = openmpi ]; then
+  if [ -t 1 ]; then color=(--color=yes); else color=(--color=no); fi
+fi
 status=0
 for n in ${SIZES:-1 2 3 4}; do
   echo "=== world size $n ($mpi)"
-  MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q "$@" || status=1
+  MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q ${color[@]+"${color[@]}"} "$@" || status=1
 done
 if [ "$mpi" = mpich ] && [ "${FCOLL_OPENMPI_SMOKE:-1}" != 0 ]; then
   FCOLL_MPI=openmpi SIZES="1 2" bash "$here/test.sh" -m smoke || status=1
