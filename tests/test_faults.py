@@ -4,7 +4,6 @@ with a non-zero exit and a message, never a hang."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import fcoll as fc
+from tests import jobs
 
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")
 
 
@@ -23,13 +22,13 @@ def _job(tmp_path: Path, body: str, n: int = 2, limit: float = 60) -> tuple[int,
     script = tmp_path / "job.py"
     script.write_text("import os, sys, time\nimport numpy as np\nimport fcoll as fc\n"
                       + textwrap.dedent(body))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
     start = time.monotonic()
-    done = subprocess.run([str(BIN / "mpiexec"), "-n", str(n), sys.executable, "-m", "fcoll.run",
-                           str(script)], env=env, capture_output=True, text=True, timeout=limit)
+    done = subprocess.run(jobs.command(n, sys.executable, "-m", "fcoll.run", str(script)),
+                          env=jobs.environment(), capture_output=True, text=True, timeout=limit)
     return done.returncode, done.stdout + done.stderr, time.monotonic() - start
 
 
+@pytest.mark.smoke
 def test_exception_on_one_rank_aborts_the_job(tmp_path):
     code, out, took = _job(tmp_path, """
         if fc.get_rank() == 1:
@@ -52,6 +51,7 @@ def test_silent_rank_times_out(tmp_path):
     assert "1 s deadline on group ranks [0, 1]" in out
 
 
+@pytest.mark.smoke
 def test_dead_rank_ends_the_job(tmp_path):
     code, _, took = _job(tmp_path, """
         fc.init(timeout=5.0)
@@ -60,8 +60,9 @@ def test_dead_rank_ends_the_job(tmp_path):
             os._exit(7)               # dies without a word
         fc.all_reduce(np.ones(3))
     """)
-    # MPICH's mpiexec stops the job at once and exits with the dead rank's code; it names
-    # no rank, and the surviving ranks are killed before they can say anything.
+    # MPICH's and Open MPI's mpiexec stop the job at once and exit with the dead rank's
+    # code; MPICH's names no rank, and the surviving ranks are killed before they can say
+    # anything.
     assert code == 7 and took < 30
 
 

@@ -72,6 +72,7 @@ def test_bad_rank_lists(bad, world_size):
         fc.new_group([world_size])
 
 
+@pytest.mark.smoke
 def test_split(rank, world_size):
     g = fc.world().split(color=rank % 2, key=-rank)
     expected = sorted((r for r in range(world_size) if r % 2 == rank % 2), reverse=True)
@@ -86,6 +87,7 @@ def test_split(rank, world_size):
         g.split(-2)
 
 
+@pytest.mark.smoke
 def test_new_subgroups(rank, world_size):
     size = 2 if world_size % 2 == 0 else 1
     cur, groups = fc.new_subgroups(size)

@@ -67,6 +67,7 @@ def test_mesh_errors():
         lax.psum(np.ones(1), "x")
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("axis", ["dp", "tp"])
 def test_reductions(mesh, axis):
     ranks = members(mesh, axis)
@@ -120,6 +121,7 @@ def test_psum_scatter(mesh, axis):
             lax.psum_scatter(np.ones((n + 1, 2)), axis)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("axis", ["dp", "tp"])
 @pytest.mark.parametrize(("split", "concat"), [(0, 0), (0, 1), (1, 0), (1, 2), (2, 0)])
 def test_all_to_all(mesh, axis, split, concat):

@@ -13,6 +13,7 @@ def _shape(rank: int) -> tuple[int, ...]:
     return (rank % 3, 2) if rank % 2 == 0 else (rank + 1,)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_all_gather_shapes_differ(group, dtype):
     inputs = [bits(r, _shape(r), dtype, salt=1) for r in group.members]
@@ -35,6 +36,7 @@ def test_all_gather_seed_values(group):
     assert [s.shape for s in scalars] == [()] * group.size
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", [np.bool_, np.float16, np.complex128])
 def test_gather_every_root(group, dtype):
     inputs = [bits(r, _shape(r), dtype, salt=2) for r in group.members]
@@ -46,6 +48,7 @@ def test_gather_every_root(group, dtype):
             assert ys is None
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", [np.int8, np.float64, np.complex64])
 def test_scatter_every_root(group, dtype):
     for src in range(group.size):
@@ -59,6 +62,7 @@ def test_scatter_default_src(group):
     assert same_bits(fc.scatter(chunks, group=group.arg), np.ones(1) * group.rank)
 
 
+@pytest.mark.smoke
 def test_all_to_all(group):
     n, r = group.size, group.rank
     out = fc.all_to_all([np.ones((i + 1, n)) * r for i in range(n)], group.arg)

@@ -15,6 +15,7 @@ SEED_VALUES = [(np.float32, -1e-10), (np.float64, -1e-100), (np.float16, -0.1), 
                (np.uint8, 129), (np.int32, -100000), (np.int64, -10**15)]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_broadcast_bit_exact_every_root(group, dtype):
     for src in range(group.size):
@@ -64,6 +65,7 @@ def test_broadcast_layouts(group, layout):
     assert y.flags.c_contiguous and y.flags.writeable
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("dim", [0, 1, 2, -1])
 def test_all_gather_into_tensor(group, dtype, dim):
@@ -115,6 +117,7 @@ def test_all_gather_v_disagreement_raises_everywhere(group):
     fc.barrier(group.arg)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_all_to_all_single_even(group, dtype):
     n = group.size

@@ -33,6 +33,7 @@ L = objects()
 PICKLE_ERROR = r"Can't pickle local object|could not pickle"
 
 
+@pytest.mark.smoke
 def test_all_gather_object(group):
     got = fc.all_gather_object(L[group.rank % len(L)], group.arg)
     assert got == [L[i % len(L)] for i in range(group.size)]
@@ -47,6 +48,7 @@ def test_gather_object_every_root(group):
             assert got is None
 
 
+@pytest.mark.smoke
 def test_broadcast_object(group):
     for src in range(group.size):
         assert fc.broadcast_object(L if group.rank == src else None, src, group.arg) == L

@@ -13,6 +13,7 @@ from tests.helpers import ALL_DTYPES, bits, same_bits
 SHAPES = [(), (0,), (3, 4), (INLINE_LIMIT // 8 + 5,)]  # the last one travels in two messages
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_send_recv_every_pair(group, shape):
     n, me = group.size, group.rank
@@ -69,6 +70,7 @@ def test_any_source(group):
     assert all(flat.count(r) == 2 * (n - 1) for r in range(n))
 
 
+@pytest.mark.smoke
 def test_isend_irecv(group):
     n, me = group.size, group.rank
     x = np.full((2, 3), float(me))
@@ -82,6 +84,7 @@ def test_isend_irecv(group):
     assert all(s.is_completed() for s in sends)
 
 
+@pytest.mark.smoke
 def test_batch_ring_self_and_partial(group):
     n, me = group.size, group.rank
     ring = [fc.P2POp(fc.isend, np.full(4, me), (me + 1) % n, group.arg),

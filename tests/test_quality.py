@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import fcoll as fc
+from tests import jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -60,8 +61,8 @@ def test_numpy_calls_do_not_import_cupy():
 
 
 def test_training_example_converges_and_agrees():
-    done = _run(str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "fcoll.run",
-                "examples/train_digits.py", "--epochs", "4", timeout=300)
+    done = jobs.run(2, sys.executable, "-m", "fcoll.run", "examples/train_digits.py",
+                    "--epochs", "4", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "parameters identical on all 2 ranks: True" in done.stdout
     accuracy = float(done.stdout.split("test accuracy ")[1].split()[0])
@@ -69,14 +70,13 @@ def test_training_example_converges_and_agrees():
 
 
 def test_mesh_example_on_a_2x2_mesh():
-    done = _run(str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "fcoll.run",
-                "examples/mesh_matmul.py", timeout=300)
+    done = jobs.run(4, sys.executable, "-m", "fcoll.run", "examples/mesh_matmul.py", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "match the single-process result on all 4 ranks" in done.stdout
 
 
+@pytest.mark.smoke
 def test_example_runs_on_four_ranks():
-    done = _run(str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "mpi4py",
-                "examples/tour.py", timeout=300)
+    done = jobs.run(4, sys.executable, "-m", "mpi4py", "examples/tour.py", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all_reduce(x)" in done.stdout and "array([60., 64.])" in done.stdout

@@ -31,6 +31,7 @@ def _inputs(g, shape, dtype, salt, high=4):
     return [data(r, shape, dtype, salt, low=1 if high > 1 else 0, high=high) for r in g.members]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(("dtype", "op"), CASES, ids=[f"{d}-{op}" for d, op in CASES])
 def test_all_reduce_every_dtype_and_op(group, dtype, op):
     inputs = _inputs(group, (3, 5), dtype, salt=1)
@@ -41,6 +42,7 @@ def test_all_reduce_every_dtype_and_op(group, dtype, op):
     assert same_bits(x, before) and y is not x and not np.shares_memory(x, y)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("op", ["sum", "product", "min", "max"])
 def test_reduce_every_root(group, op):
     inputs = _inputs(group, (4,), np.int64, salt=2)
@@ -143,6 +145,7 @@ def test_layouts(group, layout, dtype):
     assert fc.all_reduce(x, "sum", group.arg).flags.writeable
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("dtype", [np.int32, np.float16, np.complex64])
 def test_reduce_scatter_tensor(group, dim, dtype):

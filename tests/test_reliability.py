@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -87,6 +88,22 @@ def test_debug_level_from_environment(monkeypatch):
         _runtime._debug_level(None)
 
 
+@pytest.mark.parametrize("launcher", ["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"])
+def test_waiting_ranks_yield_only_when_oversubscribed(monkeypatch, launcher):
+    names = [*_runtime._MPICH_SPINNING, _runtime._OPEN_MPI_YIELD]
+    for name in [*names, "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"]:
+        monkeypatch.setenv(name, "")  # so that monkeypatch restores even an unset variable
+        monkeypatch.delenv(name)
+    cpus = _runtime._node_cpus()
+    monkeypatch.setenv(launcher, str(cpus))            # one rank per CPU: leave MPI alone
+    _runtime._yield_when_oversubscribed()
+    assert not any(name in os.environ for name in names)
+    monkeypatch.setenv(launcher, str(cpus + 1))
+    monkeypatch.setenv(_runtime._OPEN_MPI_YIELD, "0")  # the user's own choice stands
+    _runtime._yield_when_oversubscribed()
+    assert [os.environ[name] for name in names] == ["mpir"] * 3 + ["0"]
+
+
 CALLS = {
     "all_reduce": lambda g: fc.all_reduce(np.ones(3), group=g),
     "all_gather": lambda g: fc.all_gather(np.ones(3), g),
@@ -124,6 +141,7 @@ def test_deadline_on_recv(group):
     fc.barrier(group.arg)
 
 
+@pytest.mark.smoke
 def test_monitored_barrier(group):
     fc.monitored_barrier(group.arg, timeout=30)
     if group.size < 2:
