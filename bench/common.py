@@ -8,7 +8,7 @@ QUICK_SIZES = [8, 4 * KiB, 256 * KiB, MiB, 16 * MiB]
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
        "broadcast", "dp_average")
 CORE_OPS = OPS[:5]
-IMPLS = ("fcoll", "raw", "pickle", "gloo")
+IMPLS = ("fcoll", "raw", "raw2", "pickle", "gloo")
 DP_LEAVES = 100
 # Targets of issue 7: fcoll/raw at the smallest size and at every size >= LARGE;
 # gloo/fcoll at <= SMALL_GLOO and >= LARGE; dp_average/raw fused.

@@ -3,6 +3,8 @@
 - ``fcoll``: the fcoll function; each result is kept until the next call returns, as
   ``y = f(x)`` in a loop does.
 - ``raw``: mpi4py's buffer call into an output preallocated once (the transport's limit).
+- ``raw2``: the same, alternating between two preallocated outputs: the memory a loop
+  ``y = f(x)`` keeps alive (the previous result while the next is made).
 - ``pickle``: mpi4py's lowercase, pickle-based call, plus the numpy step that gives the
   same array as fcoll (concatenate, sum of blocks).
 - ``gloo``: torch.distributed with the gloo backend on CPU tensors, outputs preallocated.
@@ -95,26 +97,34 @@ def make_fcoll(op: str, x: np.ndarray, comm: Any) -> Impl:
     return _keeping(lambda: fn(x))
 
 
-def make_raw(op: str, x: np.ndarray, comm: Any) -> Impl:
+def make_raw(op: str, x: np.ndarray, comm: Any, outputs: int = 1) -> Impl:
+    """mpi4py's buffer call into preallocated output(s); with ``outputs=2`` calls alternate
+    between two, the working set of ``y = f(x)`` in a loop (two results alive)."""
     from mpi4py import MPI
 
     n = comm.Get_size()
     size = {"all_gather_into_tensor": x.size * n, "reduce_scatter_tensor": x.size // n}
-    out = np.empty(size.get(op, x.size), DTYPE)
-    calls: dict[str, Callable[[], Any]] = {
-        "all_reduce": lambda: comm.Allreduce(x, out, MPI.SUM),
-        "dp_average": lambda: comm.Allreduce(x, out, MPI.SUM),
-        "all_gather_into_tensor": lambda: comm.Allgather(x, out),
-        "reduce_scatter_tensor": lambda: comm.Reduce_scatter_block(x, out, MPI.SUM),
-        "all_to_all_single": lambda: comm.Alltoall(x, out),
-        "broadcast": lambda: comm.Bcast(out, root=0),  # in place: root's out holds its x
+    outs = [np.empty(size.get(op, x.size), DTYPE) for _ in range(outputs)]
+    calls: dict[str, Callable[[np.ndarray], Any]] = {
+        "all_reduce": lambda out: comm.Allreduce(x, out, MPI.SUM),
+        "dp_average": lambda out: comm.Allreduce(x, out, MPI.SUM),
+        "all_gather_into_tensor": lambda out: comm.Allgather(x, out),
+        "reduce_scatter_tensor": lambda out: comm.Reduce_scatter_block(x, out, MPI.SUM),
+        "all_to_all_single": lambda out: comm.Alltoall(x, out),
+        "broadcast": lambda out: comm.Bcast(out, root=0),  # in place: root's out holds its x
     }
-    out[...] = x if op == "broadcast" and comm.Get_rank() == 0 else 0
-    call = calls[op]
+    for out in outs:
+        out[...] = x if op == "broadcast" and comm.Get_rank() == 0 else 0
+    move = calls[op]
+    turn = [0]
+
+    def call() -> None:
+        turn[0] ^= outputs - 1  # 0, 0, ... for one output; 1, 0, 1, ... for two
+        move(outs[turn[0]])
 
     def first() -> np.ndarray:
         call()
-        return out.copy()
+        return outs[turn[0]].copy()
 
     return Impl(call, first)
 
@@ -183,7 +193,8 @@ def make_gloo(op: str, x: np.ndarray, comm: Any) -> Impl:
 
 
 MAKERS: dict[str, Callable[[str, np.ndarray, Any], Impl]] = {
-    "fcoll": make_fcoll, "raw": make_raw, "pickle": make_pickle, "gloo": make_gloo}
+    "fcoll": make_fcoll, "raw": make_raw, "raw2": functools.partial(make_raw, outputs=2),
+    "pickle": make_pickle, "gloo": make_gloo}
 
 
 def start_gloo(comm: Any) -> str | None:

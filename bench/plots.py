@@ -7,7 +7,8 @@ from pathlib import Path
 
 from common import OPS
 
-COLORS = {"fcoll": "tab:blue", "raw": "tab:gray", "pickle": "tab:orange", "gloo": "tab:red"}
+COLORS = {"fcoll": "tab:blue", "raw": "tab:gray", "raw2": "tab:olive", "pickle": "tab:orange",
+          "gloo": "tab:red"}
 
 
 def _series(rows: list[dict[str, str]], n: int) -> dict[str, dict[str, list[tuple[float, ...]]]]:

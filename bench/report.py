@@ -72,8 +72,8 @@ def checks(c: Cells) -> list[tuple[bool, str]]:
     return found
 
 
-HEAD = ["op", "size", "fcoll µs", "q1-q3", "raw µs", "pickle µs", "gloo µs", "fcoll/raw",
-        "gloo/fcoll", "fcoll busbw GB/s", "raw busbw GB/s"]
+HEAD = ["op", "size", "fcoll µs", "q1-q3", "raw µs", "raw2 µs", "pickle µs", "gloo µs", "fcoll/raw",
+        "fcoll/raw2", "gloo/fcoll", "fcoll busbw GB/s", "raw busbw GB/s"]
 
 
 def table_rows(c: Cells, n: int) -> list[list[str]]:
@@ -87,9 +87,13 @@ def table_rows(c: Cells, n: int) -> list[list[str]]:
         spread = f"{float(f['q1_us']):.4g}-{float(f['q3_us']):.4g}" if f and f.get("q1_us") else ""
         bus = [f"{float(impls[k]['busbw_GBps']):.3f}" if k in impls and impls[k].get("busbw_GBps") else "—"
                for k in ("fcoll", "raw")]
+        raw2 = impls.get("raw2")
+        vs_raw2 = float(f["vs_raw"]) / float(raw2["vs_raw"]) if f and raw2 and raw2.get("vs_raw") \
+            and f.get("vs_raw") else None
         out.append([op if op != last else "", human(nbytes), fmt_us(f), spread, fmt_us(impls.get("raw")),
-                    fmt_us(impls.get("pickle")), fmt_us(impls.get("gloo")),
+                    fmt_us(raw2), fmt_us(impls.get("pickle")), fmt_us(impls.get("gloo")),
                     f"{vs_raw:.2f}" if vs_raw is not None else "—",
+                    f"{vs_raw2:.2f}" if vs_raw2 is not None else "—",
                     f"{gloo:.1f}" if gloo is not None else "—", *bus])
         last = op
     return out
