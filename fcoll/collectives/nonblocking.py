@@ -39,8 +39,10 @@ def launch(name: str, group: Group, request: Any, result: Callable[[], Any],
     return Work(RequestOperation(name, group, request, result, keep))
 
 
-def all_reduce(comm: Any, group: Group, plan: ReductionPlan, x: np.ndarray) -> Work:
-    wire = private(plan.wire(x), x)
+def all_reduce(comm: Any, group: Group, plan: ReductionPlan, x: np.ndarray, *,
+               owned: bool = False) -> Work:
+    """``owned``: ``x`` is fcoll's own (e.g. a dp bucket), so it needs no snapshot copy."""
+    wire = plan.wire(x) if owned else private(plan.wire(x), x)
     if plan.ufunc is None:
         out = np.empty(wire.shape, wire.dtype)
         request = backend.iallreduce(comm, wire, out, plan.mpi_op)

@@ -17,8 +17,10 @@ import ml_dtypes
 import numpy as np
 import optree
 
-from fcoll.collectives import all_reduce
-from fcoll.group import Group, resolve_group
+from fcoll import _debug, _runtime
+from fcoll.collectives import all_reduce, nonblocking
+from fcoll.collectives._plan import reduction_plan
+from fcoll.group import Group, member, resolve_group
 from fcoll.work import Operation, Work
 
 GroupArg = Group | Sequence[int] | None
@@ -36,6 +38,17 @@ def allreduce_hook(bucket: np.ndarray, group: GroupArg) -> Work:
         array([0.5])
     """
     return all_reduce(bucket, "avg", group, async_op=True)
+
+
+def _average_owned(bucket: np.ndarray, group: GroupArg) -> Work:
+    """`allreduce_hook` for a bucket the averager made itself: the same nonblocking
+    all-reduce, without the snapshot copy that protects a caller's array (one pass over
+    the bytes less: 64 MiB of gradients at n=2 went from 1.30x to 1.00x one raw Allreduce)."""
+    g, comm = member(group, "all_reduce")
+    if _runtime._state.checking:
+        _debug.check(g, comm, "all_reduce", _runtime._state.debug, x=bucket, op="avg")
+    return nonblocking.all_reduce(comm, g, reduction_plan(bucket, "avg", g, "all_reduce"), bucket,
+                                  owned=True)
 
 
 def _compress_hook(wire: Any) -> Hook:
@@ -283,7 +296,8 @@ class GradientAverager:
         return result
 
     def _launch(self, bucket: _Bucket) -> None:
-        self._launched.append((bucket, self.hook(bucket.flat(), self.group)))
+        hook = _average_owned if self.hook is allreduce_hook else self.hook
+        self._launched.append((bucket, hook(bucket.flat(), self.group)))
 
     def _finish(self) -> Work:
         if not self._syncing:
