@@ -48,6 +48,7 @@ class Group:
         self.deadline = Deadline(0.0, "", self, 0.0)  # of the call in progress, if timed
         self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (backends.nccl)
         self.nccl_device = -1  # the GPU it was made on
+        self.side_comm: Any = None  # a Dup for tagged point-to-point steps (collectives.nonblocking)
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -170,6 +171,8 @@ class Group:
 
             nccl.destroy(self)
         if self._comm is not None and not self._destroyed:
+            if self.side_comm is not None:
+                self.side_comm.Free()
             self._comm.Free()
         self._destroyed = True
         self.usable = False

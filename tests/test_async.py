@@ -145,3 +145,21 @@ def test_wait_timeout_raises_then_completes(group):
             fc.all_reduce(np.array([1]), group=own)
         world.send("timed out", dest=late_rank, tag=77)
     assert w.wait().tolist() == [group.size]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+def test_large_folded_all_reduce_in_two_steps(group, dtype):
+    """Above the gather limit, async float all-reduces at n >= 3 take two steps (all-to-all,
+    then tagged point-to-point); several in flight, waited in a different order on each
+    rank, must give the blocking call's bits."""
+    from fcoll.collectives._fold import GATHER_LIMIT
+
+    count = GATHER_LIMIT // np.dtype(dtype).itemsize + 7  # uneven blocks
+    xs = [data(group.rank, (count + k, 1), dtype, salt=k) for k in range(5)]
+    works = [fc.all_reduce(x, "sum" if k % 2 else "avg", group.arg, async_op=True)
+             for k, x in enumerate(xs)]
+    order = np.random.default_rng(group.rank).permutation(len(works))
+    got = {int(k): works[k].wait() for k in order}
+    for k, x in enumerate(xs):
+        want = fc.all_reduce(x, "sum" if k % 2 else "avg", group.arg)
+        assert same_bits(got[k], want), k

@@ -35,7 +35,7 @@ def fold(rows: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     return acc
 
 
-def _blocks(size: int, n: int) -> list[int]:
+def blocks(size: int, n: int) -> list[int]:
     """Split ``size`` elements into ``n`` nearly equal consecutive blocks."""
     base, extra = divmod(size, n)
     return [base + (i < extra) for i in range(n)]
@@ -62,7 +62,7 @@ def allreduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     if wire.nbytes <= GATHER_LIMIT:
         rows = backend.allgather(comm, wire, np.empty((n, wire.size), wire.dtype))
         return fold(rows, ufunc)
-    counts = _blocks(wire.size, n)
+    counts = blocks(wire.size, n)
     mine = reduce_scatter(comm, wire, counts, ufunc)
     size = wire.itemsize
     out = np.empty(wire.size, wire.dtype)
@@ -76,7 +76,7 @@ def reduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarra
         rows = np.empty((n, wire.size), wire.dtype) if comm.Get_rank() == root else None
         got = backend.gatherv(comm, wire, rows, [wire.nbytes] * n, root)
         return None if got is None else fold(got, ufunc)
-    counts = _blocks(wire.size, n)
+    counts = blocks(wire.size, n)
     mine = reduce_scatter(comm, wire, counts, ufunc)
     out = np.empty(wire.size, wire.dtype) if comm.Get_rank() == root else None
     return backend.gatherv(comm, mine, out, [c * size for c in counts], root)
