@@ -69,6 +69,11 @@ _MPICH_SPINNING = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM",
 _OPEN_MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 
+# More ranks than cores on this node (set before MPI starts): fcoll's own polling loops
+# then yield the core between polls (fcoll.work.backoff).
+OVERSUBSCRIBED = False
+
+
 def _yield_when_oversubscribed() -> None:
     """Make waiting ranks yield their core when this node runs more ranks than cores.
 
@@ -81,6 +86,8 @@ def _yield_when_oversubscribed() -> None:
     if local is None or not local.isdigit():
         return
     if int(local) > _node_cpus():
+        global OVERSUBSCRIBED
+        OVERSUBSCRIBED = True
         for name in _MPICH_SPINNING:
             os.environ.setdefault(name, "mpir")
         # usleep(1) after 4096 idle polls: lets the rank that holds the data run. The test
