@@ -48,6 +48,16 @@ def eligible(g: Group) -> bool:
     return g is s.world and s.world.usable and not s.checking and s.timeout is None and g.timeout is None
 
 
+def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast], *args: Any) -> None:
+    """Leave ``make(g, *args)`` in ``table`` under ``key`` unless one is there or ``g`` is not
+    eligible (calls that fall through a fast path, e.g. large broadcasts, do not remake it).
+
+    Takes the factory and its arguments rather than a lambda: a lambda would turn the
+    caller's locals into cells, which every call of the public function pays for."""
+    if key not in table and eligible(g):
+        table[key] = make(g, *args)
+
+
 def all_reduce(g: Any, mpi_op: Any) -> Fast:
     comm, empty = g._comm, np.empty
 

@@ -56,8 +56,8 @@ def broadcast(
         _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
     root = check_rank(src, g.size, "broadcast", "src")
     check_array(x, "broadcast")
-    if not async_op and type(src) is int and _fast.eligible(g):
-        _fast.BROADCAST[src, x.dtype] = _fast.broadcast(g, backend.BYTE, root)
+    if not async_op and type(src) is int:
+        _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root)
     if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
         return backend.bcast_copy(comm, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
@@ -189,8 +189,7 @@ def all_gather_into_tensor(
         and x.ndim
         and (x.flags.c_contiguous)
     ):  # the common case
-        if _fast.eligible(g):
-            _fast.ALL_GATHER[x.dtype] = _fast.all_gather(g, backend.BYTE)
+        _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE)
         return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
@@ -309,8 +308,7 @@ def all_to_all_single(
         if async_op:
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(comm, send, out), lambda: out, send)
-        if _fast.eligible(g):
-            _fast.ALL_TO_ALL[x.dtype] = _fast.all_to_all(g, backend.BYTE)
+        _fast.learn(_fast.ALL_TO_ALL, x.dtype, g, _fast.all_to_all, backend.BYTE)
         return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
     ins = (
         _even_splits(x, n, fn)

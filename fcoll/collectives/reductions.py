@@ -65,8 +65,8 @@ def all_reduce(
     if async_op:
         return nonblocking.all_reduce(comm, g, plan, x)
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
-        if type(op) is str and _fast.eligible(g):
-            _fast.ALL_REDUCE[op, x.dtype] = _fast.all_reduce(g, plan.mpi_op)
+        if type(op) is str:
+            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.mpi_op)
         return backend.allreduce(comm, x, plan.mpi_op)
     return plan.finish(plan.allreduce(comm, plan.wire(x)))
 
@@ -171,8 +171,8 @@ def reduce_scatter_tensor(
         and x.shape[0] % n == 0
         and x.flags.c_contiguous
     ):  # the common case
-        if type(op) is str and _fast.eligible(g):
-            _fast.REDUCE_SCATTER[op, x.dtype] = _fast.reduce_scatter(g, plan.mpi_op)
+        if type(op) is str:
+            _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.mpi_op)
         return backend.reduce_scatter_block(comm, x, plan.mpi_op)
     dim = check_dim(x, scatter_dim, fn, "scatter_dim")
     if x.shape[dim] % n:
