@@ -22,8 +22,6 @@ from pathlib import Path
 import numpy as np
 from common import OPS, bus_bytes, bus_factor
 
-TERMS = ("c_us", "alpha_us", "beta_ns_per_byte")
-
 
 def design(op: str, n: int, nbytes: float) -> list[float]:
     return [1.0, math.log2(n), bus_factor(op, n) * bus_bytes(op, int(nbytes), n)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from common import (
     CORE_OPS,
@@ -13,6 +12,7 @@ from common import (
     GLOO_SMALL_TARGET,
     LARGE,
     LARGE_TARGET,
+    OPS,
     SMALL_GLOO,
     SMALL_TARGET,
     human,
@@ -100,8 +100,6 @@ def table_rows(c: Cells, n: int) -> list[list[str]]:
 
 
 def _op_order(op: str) -> int:
-    from common import OPS
-
     return OPS.index(op) if op in OPS else len(OPS)
 
 
@@ -145,8 +143,3 @@ def report(rows: list[dict[str, str]], out: Path) -> None:
     md += [f"- MISS {line}" for ok, line in results if not ok] + [""]
     md += [f"- note: {line}" for line in notes(rows)]
     (out / "summary.md").write_text("\n".join(md) + "\n")
-
-
-def as_float(row: dict[str, Any], key: str) -> float | None:
-    v = row.get(key)
-    return float(v) if v not in (None, "") else None
