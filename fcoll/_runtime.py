@@ -31,7 +31,7 @@ class _State:
     world: Group | None = None
     timeout: float | None = None
     debug: str = "off"
-    checking: bool = False  # debug != "off": collectives call fcoll._debug.check
+    checking: bool = False  # debug != "off": collectives call fcoll._debug.checked
 
 
 _state = _State()

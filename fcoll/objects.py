@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug, _runtime
+from fcoll import _debug
 from fcoll._validate import check_rank
 from fcoll.backends import mpi as backend
 from fcoll.group import Group, member
@@ -67,8 +67,8 @@ def all_gather_object(obj: object, group: GroupArg = None) -> list[Any]:
     """
     fn = "all_gather_object"
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug)
+    with _debug.checked(g, comm, fn):
+        pass
     payload, error = _dumps(obj)
     sizes = _gathered_sizes(comm, payload, error, fn)
     buf = backend.allgatherv(comm, np.frombuffer(payload, np.uint8),
@@ -87,9 +87,8 @@ def gather_object(obj: object, dst: int = 0, group: GroupArg = None) -> list[Any
     """
     fn = "gather_object"
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, dst=dst)
-    root = check_rank(dst, g.size, fn, "dst")
+    with _debug.checked(g, comm, fn, dst=dst):
+        root = check_rank(dst, g.size, fn, "dst")
     payload, error = _dumps(obj)
     sizes = _gathered_sizes(comm, payload, error, fn)
     out = np.empty(sum(sizes), np.uint8) if g.rank == root else None
@@ -106,14 +105,24 @@ def broadcast_object(obj: object, src: int = 0, group: GroupArg = None) -> Any:
     """
     fn = "broadcast_object"
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, src=src)
-    root = check_rank(src, g.size, fn, "src")
+    with _debug.checked(g, comm, fn, src=src):
+        root = check_rank(src, g.size, fn, "src")
     payload, error = _dumps(obj) if g.rank == root else (b"", None)
     size = backend.bcast_obj(comm, -1 if error else len(payload), root)
     _check_sizes([size], error, fn, [root])
     buf = np.frombuffer(payload, np.uint8).copy() if g.rank == root else np.empty(size, np.uint8)
     return pickle.loads(backend.bcast(comm, buf, root).tobytes())
+
+
+def _check_objs(objs: object, is_root: bool, n: int, root: int) -> None:
+    fn = "scatter_object"
+    if is_root and (isinstance(objs, (str, bytes)) or not isinstance(objs, Sequence)
+                    or len(objs) != n):
+        raise ValueError(f"{fn}: expected objs to be a list of {n} objects on src, "
+                         f"got {objs!r}")
+    if not is_root and objs is not None:
+        raise ValueError(f"{fn}: expected objs=None on ranks other than src={root}, "
+                         f"got {type(objs).__name__}")
 
 
 def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = None) -> Any:
@@ -126,19 +135,14 @@ def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = N
     """
     fn = "scatter_object"
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, src=src)
-    root = check_rank(src, g.size, fn, "src")
+    with _debug.checked(g, comm, fn, src=src):
+        root = check_rank(src, g.size, fn, "src")
+        _check_objs(objs, g.rank == root, g.size, root)
     if g.rank == root:
-        if isinstance(objs, (str, bytes)) or not isinstance(objs, Sequence) or len(objs) != g.size:
-            raise ValueError(f"{fn}: expected objs to be a list of {g.size} objects on src, "
-                             f"got {objs!r}")
+        assert objs is not None  # checked above
         pickled = [_dumps(o) for o in objs]
         error = next((e for _, e in pickled if e is not None), None)
         sizes = [-1 if e else len(p) for p, e in pickled]
-    elif objs is not None:
-        raise ValueError(f"{fn}: expected objs=None on ranks other than src={root}, "
-                         f"got {type(objs).__name__}")
     else:
         pickled, error, sizes = [], None, []
     sizes = backend.bcast_obj(comm, sizes, root)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug, _runtime
+from fcoll import _debug
 from fcoll._dispatch import is_cupy
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_rank
@@ -317,10 +317,9 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
 
         return gpu.run(fn, permute_tensor, x, src_dst, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, x=x, src_dst=src_dst)
-    check_array(x, fn)
-    targets = _permutation(src_dst, g.size, fn)
+    with _debug.checked(g, comm, fn, x=x, src_dst=src_dst):
+        check_array(x, fn)
+        targets = _permutation(src_dst, g.size, fn)
     dst = targets[g.rank]
     senders = [i for i, d in enumerate(targets) if d == g.rank]
     if dst == g.rank:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug, _runtime
+from fcoll import _debug
 from fcoll._dispatch import any_cupy
 from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
@@ -68,10 +68,9 @@ def all_reduce_coalesced(
     if any_cupy(xs, fn, "xs"):
         return gpu.run(fn, all_reduce_coalesced, xs, op, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
-    arrays = _checked(xs, fn)
-    plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
+    with _debug.checked(g, comm, fn, xs=xs, op=op):
+        arrays = _checked(xs, fn)
+        plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
@@ -95,9 +94,8 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     if any_cupy(xs, fn, "xs"):
         return gpu.run(fn, all_gather_into_tensor_coalesced, xs, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, xs=xs)
-    arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
+    with _debug.checked(g, comm, fn, xs=xs):
+        arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
     if not arrays:
         return []
     send = np.concatenate([as_bytes(x) for x in arrays])
@@ -124,15 +122,14 @@ def reduce_scatter_tensor_coalesced(
     if any_cupy(xs, fn, "xs"):
         return gpu.run(fn, reduce_scatter_tensor_coalesced, xs, op, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, xs=xs, op=op)
     n = g.size
-    arrays = _checked(xs, fn)
-    for i, x in enumerate(arrays):
-        if x.ndim == 0 or x.shape[0] % n:
-            raise ValueError(f"{fn}: expected xs[{i}].shape[0] divisible by the group's size "
-                             f"{n}, got shape {x.shape}")
-    plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
+    with _debug.checked(g, comm, fn, xs=xs, op=op):
+        arrays = _checked(xs, fn)
+        for i, x in enumerate(arrays):
+            if x.ndim == 0 or x.shape[0] % n:
+                raise ValueError(f"{fn}: expected xs[{i}].shape[0] divisible by the group's "
+                                 f"size {n}, got shape {x.shape}")
+        plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug, _runtime
+from fcoll import _debug
 from fcoll._dispatch import any_cupy, is_cupy
 from fcoll._validate import check_array, check_arrays, check_rank
 from fcoll.backends import mpi as backend
@@ -47,9 +47,9 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run(fn, all_gather, x, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, x=x)
-    meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
+    with _debug.checked(g, comm, fn, x=x):
+        check_array(x, fn)
+    meta = backend.allgather_obj(comm, _meta(x))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
@@ -69,10 +69,10 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run(fn, gather, x, dst, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, x=x, dst=dst)
-    root = check_rank(dst, g.size, fn, "dst")
-    meta = backend.allgather_obj(comm, _meta(check_array(x, fn)))
+    with _debug.checked(g, comm, fn, x=x, dst=dst):
+        root = check_rank(dst, g.size, fn, "dst")
+        check_array(x, fn)
+    meta = backend.allgather_obj(comm, _meta(x))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
@@ -93,19 +93,18 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
     if any_cupy(chunks, fn, "chunks"):
         return gpu.scatter(chunks, src, group)  # type: ignore[no-any-return]
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, src=src)
-    root = check_rank(src, g.size, fn, "src")
-    if g.rank != root:
-        if chunks is not None:
+    with _debug.checked(g, comm, fn, src=src):
+        root = check_rank(src, g.size, fn, "src")
+        if g.rank != root and chunks is not None:
             raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
                              f"got {type(chunks).__name__} on rank {g.rank}")
+        arrays = check_arrays(chunks, g.size, fn, "chunks") if g.rank == root else []
+    if g.rank != root:
         shape, name = backend.scatter_obj(comm, None, root)
         if name.startswith(gpu.TAG):  # the root scatters cupy arrays: receive on the GPU
             return gpu.scatter_receive(g, shape, name, root)  # type: ignore[no-any-return]
         dtype = dtype_from_name(name)
         return backend.scatterv(comm, None, [], np.empty(shape, dtype), root)
-    arrays = check_arrays(chunks, g.size, fn, "chunks")
     backend.scatter_obj(comm, [_meta(a) for a in arrays], root)
     counts = [a.nbytes for a in arrays]
     send = np.concatenate([as_bytes(a) for a in arrays])
@@ -125,9 +124,8 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     if any_cupy(chunks, fn, "chunks"):
         return gpu.run(fn, all_to_all, chunks, group)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks)
-    arrays = check_arrays(chunks, g.size, fn, "chunks")
+    with _debug.checked(g, comm, fn, chunks=chunks):
+        arrays = check_arrays(chunks, g.size, fn, "chunks")
     meta = backend.allgather_obj(comm, [_meta(a) for a in arrays])
     dtype = _one_dtype([row[0][1] for row in meta], fn)
     shapes = [meta[p][g.rank][0] for p in range(g.size)]

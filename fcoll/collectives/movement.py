@@ -11,7 +11,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from fcoll import _debug, _runtime
+from fcoll import _debug
 from fcoll._dispatch import is_cupy
 from fcoll._validate import check_array, check_dim, check_rank, check_sizes
 from fcoll.backends import mpi as backend
@@ -52,10 +52,9 @@ def broadcast(
     g, comm = member(group, "broadcast")
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("broadcast", broadcast, x, src, group, async_op=async_op)
-    if _runtime._state.checking:
-        _debug.check(g, comm, "broadcast", _runtime._state.debug, x=x, src=src)
-    root = check_rank(src, g.size, "broadcast", "src")
-    check_array(x, "broadcast")
+    with _debug.checked(g, comm, "broadcast", x=x, src=src):
+        root = check_rank(src, g.size, "broadcast", "src")
+        check_array(x, "broadcast")
     if not async_op and type(src) is int:
         _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root)
     if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
@@ -76,8 +75,8 @@ def barrier(group: GroupArg = None) -> None:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
     g, comm = member(group, "barrier")
-    if _runtime._state.checking:
-        _debug.check(g, comm, "barrier", _runtime._state.debug)
+    with _debug.checked(g, comm, "barrier"):
+        pass
     complete_pending(g, backend.DEADLINE)
     backend.barrier(comm)
 
@@ -178,21 +177,16 @@ def all_gather_into_tensor(
         return gpu.run(fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
                        async_op=async_op)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, x=x, gather_dim=gather_dim, sizes=sizes)
-    check_array(x, fn)
-    if (
-        not async_op
-        and sizes is None
-        and type(gather_dim) is int
-        and gather_dim == 0
-        and x.ndim
-        and (x.flags.c_contiguous)
-    ):  # the common case
-        _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE)
+    with _debug.checked(g, comm, fn, x=x, gather_dim=gather_dim, sizes=sizes):
+        check_array(x, fn)
+        flat = x.reshape(1) if x.ndim == 0 else x
+        dim = check_dim(flat, gather_dim, fn, "gather_dim")
+        checked = _checked_sizes(flat, dim, sizes, g, gather_dim)
+    if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
+        if type(gather_dim) is int:
+            _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE)
         return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
-    x = x.reshape(1) if x.ndim == 0 else x
-    dim = check_dim(x, gather_dim, fn, "gather_dim")
+    x = flat
     if sizes is None:
         out = np.empty(_gathered_shape(x, dim, x.shape[dim] * g.size), x.dtype)
         send = c_order(dim_first(x, dim))
@@ -201,13 +195,21 @@ def all_gather_into_tensor(
             request = backend.iallgather(comm, send, out)
             return launch(fn, g, request, lambda: dim_back(out, dim), send)
         return dim_back(backend.allgather(comm, send, out), dim)
-    checked = None if isinstance(sizes, str) and sizes == "auto" else check_sizes(sizes, g.size, fn, "sizes")
-    if checked is not None and checked[g.rank] != x.shape[dim]:
-        raise ValueError(
-            f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
-            f"{checked[g.rank]}, got shape {x.shape}"
-        )
     return _all_gather_v(comm, g, x, dim, checked, async_op)
+
+
+def _checked_sizes(x: np.ndarray, dim: int, sizes: object, g: Group,
+                   gather_dim: object) -> list[int] | None:
+    """``sizes`` of `all_gather_into_tensor` checked against this rank's ``x``; ``None``
+    for ``None`` and ``"auto"``."""
+    fn = "all_gather_into_tensor"
+    if sizes is None or (isinstance(sizes, str) and sizes == "auto"):
+        return None
+    checked = check_sizes(sizes, g.size, fn, "sizes")
+    if checked[g.rank] != x.shape[dim]:
+        raise ValueError(f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
+                         f"{checked[g.rank]}, got shape {x.shape}")
+    return checked
 
 
 def _split_problem(meta: list[Any]) -> str | None:
@@ -235,6 +237,23 @@ def _even_splits(x: np.ndarray, n: int, fn: str) -> list[int]:
             f"input_split_sizes is None, got shape {x.shape}"
         )
     return [x.shape[0] // n] * n
+
+
+def _splits(x: np.ndarray, output_split_sizes: object, input_split_sizes: object,
+            n: int) -> tuple[list[int], list[int] | None]:
+    """`all_to_all_single`'s input and output split sizes, checked against this rank's ``x``."""
+    fn = "all_to_all_single"
+    check_array(x, fn)
+    if x.ndim == 0:
+        raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
+    ins = (_even_splits(x, n, fn) if input_split_sizes is None
+           else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))
+    if sum(ins) != x.shape[0]:
+        raise ValueError(f"{fn}: expected sum(input_split_sizes) == x.shape[0] == {x.shape[0]}, "
+                         f"got {ins} (sum {sum(ins)})")
+    outs = (None if output_split_sizes is None
+            else check_sizes(output_split_sizes, n, fn, "output_split_sizes"))
+    return ins, outs
 
 
 @overload
@@ -288,40 +307,16 @@ def all_to_all_single(
         return gpu.run(fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
                        async_op=async_op)
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(
-            g,
-            comm,
-            fn,
-            _runtime._state.debug,
-            x=x,
-            output_split_sizes=output_split_sizes,
-            input_split_sizes=input_split_sizes,
-        )
     n = g.size
-    check_array(x, fn)
-    if x.ndim == 0:
-        raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
+    with _debug.checked(g, comm, fn, x=x, output_split_sizes=output_split_sizes,
+                        input_split_sizes=input_split_sizes):
+        ins, outs = _splits(x, output_split_sizes, input_split_sizes, n)
     if output_split_sizes is None and input_split_sizes is None:  # the common case
-        if x.shape[0] % n:
-            _even_splits(x, n, fn)  # raises
         if async_op:
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(comm, send, out), lambda: out, send)
         _fast.learn(_fast.ALL_TO_ALL, x.dtype, g, _fast.all_to_all, backend.BYTE)
         return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
-    ins = (
-        _even_splits(x, n, fn)
-        if input_split_sizes is None
-        else check_sizes(input_split_sizes, n, fn, "input_split_sizes")
-    )
-    if sum(ins) != x.shape[0]:
-        raise ValueError(
-            f"{fn}: expected sum(input_split_sizes) == x.shape[0] == {x.shape[0]}, got {ins} (sum {sum(ins)})"
-        )
-    outs = (
-        None if output_split_sizes is None else check_sizes(output_split_sizes, n, fn, "output_split_sizes")
-    )
     meta = backend.allgather_obj(comm, (ins, outs, x.shape[1:], str(x.dtype)))
     problem = _split_problem(meta)
     if problem is not None:

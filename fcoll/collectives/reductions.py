@@ -11,7 +11,7 @@ from typing import Literal, overload
 
 import numpy as np
 
-from fcoll import _debug, _runtime
+from fcoll import _debug
 from fcoll._dispatch import any_cupy, is_cupy
 from fcoll._validate import check_arrays, check_dim, check_rank
 from fcoll.backends import mpi as backend
@@ -59,9 +59,8 @@ def all_reduce(
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("all_reduce", all_reduce, x, op, group, async_op=async_op)
     g, comm = member(group, "all_reduce")
-    if _runtime._state.checking:
-        _debug.check(g, comm, "all_reduce", _runtime._state.debug, x=x, op=op)
-    plan = reduction_plan(x, op, g, "all_reduce")
+    with _debug.checked(g, comm, "all_reduce", x=x, op=op):
+        plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
         return nonblocking.all_reduce(comm, g, plan, x)
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
@@ -99,10 +98,9 @@ def reduce(
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("reduce", reduce, x, dst, op, group, async_op=async_op)
     g, comm = member(group, "reduce")
-    if _runtime._state.checking:
-        _debug.check(g, comm, "reduce", _runtime._state.debug, x=x, dst=dst, op=op)
-    root = check_rank(dst, g.size, "reduce", "dst")
-    plan = reduction_plan(x, op, g, "reduce")
+    with _debug.checked(g, comm, "reduce", x=x, dst=dst, op=op):
+        root = check_rank(dst, g.size, "reduce", "dst")
+        plan = reduction_plan(x, op, g, "reduce")
     if async_op:
         return nonblocking.reduce(comm, g, plan, x, root)
     y = plan.reduce(comm, plan.wire(x), root)
@@ -158,27 +156,17 @@ def reduce_scatter_tensor(
                        async_op=async_op)
     fn = "reduce_scatter_tensor"
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, x=x, op=op, scatter_dim=scatter_dim)
     n = g.size
-    plan = reduction_plan(x, op, g, fn)
-    if (
-        not async_op
-        and plan.direct
-        and type(scatter_dim) is int
-        and scatter_dim == 0
-        and x.ndim
-        and x.shape[0] % n == 0
-        and x.flags.c_contiguous
-    ):  # the common case
-        if type(op) is str:
+    with _debug.checked(g, comm, fn, x=x, op=op, scatter_dim=scatter_dim):
+        plan = reduction_plan(x, op, g, fn)
+        dim = check_dim(x, scatter_dim, fn, "scatter_dim")
+        if x.shape[dim] % n:
+            raise ValueError(f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's "
+                             f"size {n}, got shape {x.shape}")
+    if not async_op and plan.direct and dim == 0 and x.flags.c_contiguous:  # the common case
+        if type(op) is str and type(scatter_dim) is int:
             _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.mpi_op)
         return backend.reduce_scatter_block(comm, x, plan.mpi_op)
-    dim = check_dim(x, scatter_dim, fn, "scatter_dim")
-    if x.shape[dim] % n:
-        raise ValueError(
-            f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's size {n}, got shape {x.shape}"
-        )
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     if async_op:
@@ -202,10 +190,9 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         return gpu.run("reduce_scatter", reduce_scatter, chunks, op, group)
     fn = "reduce_scatter"
     g, comm = member(group, fn)
-    if _runtime._state.checking:
-        _debug.check(g, comm, fn, _runtime._state.debug, chunks=chunks, op=op)
-    arrays = check_arrays(chunks, g.size, fn, "chunks")
-    plan = reduction_plan(arrays[0], op, g, fn)
+    with _debug.checked(g, comm, fn, chunks=chunks, op=op):
+        arrays = check_arrays(chunks, g.size, fn, "chunks")
+        plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])
     y = plan.reduce_scatter(comm, flat, [a.size for a in arrays])
     return plan.finish(y).reshape(arrays[g.rank].shape)
