@@ -11,7 +11,7 @@ Example:
 
 from fcoll import dp, lax
 from fcoll._debug import CollectiveMismatchError
-from fcoll._runtime import abort, init, is_initialized, world
+from fcoll._runtime import abort
 from fcoll.collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -29,7 +29,7 @@ from fcoll.collectives import (
     reduce_scatter_tensor_coalesced,
     scatter,
 )
-from fcoll.group import Group, get_rank, get_world_size, new_group
+from fcoll.group import Group, get_rank, get_world_size, init, is_initialized, new_group, world
 from fcoll.mesh import Mesh
 from fcoll.monitor import monitored_barrier
 from fcoll.objects import all_gather_object, broadcast_object, gather_object, scatter_object

@@ -27,6 +27,7 @@ import numpy as np
 from fcoll import _runtime
 from fcoll.backends import mpi as backend
 from fcoll.ops import PremulSum, ReduceOp
+from fcoll.work import Call
 
 log = logging.getLogger("fcoll")
 
@@ -100,7 +101,7 @@ def _mismatch(fn: str, group: Any, rows: list[dict[str, str]]) -> CollectiveMism
     return CollectiveMismatchError(_table(fn, group, rows, header))
 
 
-def compare(group: Any, comm: Any, fn: str, fields: dict[str, object],
+def compare(group: Any, call: Call, fn: str, fields: dict[str, object],
             error: BaseException | None) -> None:
     """Log the call (``info``) and, under ``detail``, compare it across the group's ranks.
 
@@ -121,23 +122,23 @@ def compare(group: Any, comm: Any, fn: str, fields: dict[str, object],
     if level != "detail":
         return
     digest = _fingerprint(described)
-    low, negated_high = backend.allreduce(comm, np.array([digest, -digest]), backend.MPI.MIN)
+    low, negated_high = backend.allreduce(call, np.array([digest, -digest]), backend.MPI.MIN)
     if low == -negated_high or error is not None:
         # every rank made the same call (and passed, or failed alike), or this rank failed:
         # it raises its own error, and the others learn of it from their tables
         if low != -negated_high:
-            backend.allgather_obj(comm, described)
+            backend.allgather_obj(call, described)
         return
-    raise _mismatch(fn, group, backend.allgather_obj(comm, described))
+    raise _mismatch(fn, group, backend.allgather_obj(call, described))
 
 
 class _Checked:
     """Runs the local checks inside ``with``, then `compare` (see `checked`)."""
 
-    __slots__ = ("comm", "fields", "fn", "group")
+    __slots__ = ("call", "fields", "fn", "group")
 
-    def __init__(self, group: Any, comm: Any, fn: str, fields: dict[str, object]) -> None:
-        self.group, self.comm, self.fn, self.fields = group, comm, fn, fields
+    def __init__(self, group: Any, call: Call, fn: str, fields: dict[str, object]) -> None:
+        self.group, self.call, self.fn, self.fields = group, call, fn, fields
 
     def __enter__(self) -> None:
         return None
@@ -145,7 +146,7 @@ class _Checked:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
         if error is None or isinstance(error, Exception):
-            compare(self.group, self.comm, self.fn, self.fields, error)
+            compare(self.group, self.call, self.fn, self.fields, error)
 
 
 class _Unchecked:
@@ -161,7 +162,7 @@ class _Unchecked:
 UNCHECKED = _Unchecked()
 
 
-def checked(group: Any, comm: Any, fn: str, **fields: object) -> _Checked | _Unchecked:
+def checked(group: Any, call: Call, fn: str, **fields: object) -> _Checked | _Unchecked:
     """A context for a collective's local argument checks, compared across ranks after them.
 
     With ``debug="off"`` it does nothing. Otherwise, on leaving the block (normally or by
@@ -169,10 +170,10 @@ def checked(group: Any, comm: Any, fn: str, **fields: object) -> _Checked | _Unc
     the group (`compare`); the block must not communicate.
 
     Example:
-        >>> g, comm = member(group, "reduce")
-        >>> with _debug.checked(g, comm, "reduce", x=x, dst=dst, op=op):
+        >>> g, call = member(group, "reduce")
+        >>> with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
         ...     root = check_rank(dst, g.size, "reduce", "dst")   # raises before the check
     """
     if not _runtime._state.checking:
         return UNCHECKED
-    return _Checked(group, comm, fn, fields)
+    return _Checked(group, call, fn, fields)

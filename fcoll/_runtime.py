@@ -12,13 +12,11 @@ import contextlib
 import datetime
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fcoll import _memory
-
-if TYPE_CHECKING:
-    from fcoll.group import Group
 
 _THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
 _DEBUG_LEVELS = ("off", "info", "detail")
@@ -28,7 +26,7 @@ Timeout = float | datetime.timedelta | None
 
 @dataclass
 class _State:
-    world: Group | None = None
+    world: Any = None  # the default fcoll.group.Group, made by fcoll.group.init
     timeout: float | None = None
     debug: str = "off"
     checking: bool = False  # debug != "off": collectives call fcoll._debug.checked
@@ -134,38 +132,17 @@ def _debug_level(debug: str | None) -> str:
     return value.lower()
 
 
-def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
-    """Start fcoll: MPI (if not started) and the world group. Idempotent.
-
-    Calling it is optional: the first collective calls it. Works under ``mpiexec -n N``
-    and as a plain ``python script.py`` (world size 1).
-
-    Args:
-        timeout: default deadline (seconds or `datetime.timedelta`) for blocking calls;
-            ``None`` waits forever. Later calls to `init` update it.
-        debug: ``"off"``, ``"info"`` or ``"detail"``; default from ``FCOLL_DEBUG``.
-
-    Example:
-        >>> import fcoll as fc
-        >>> fc.init(timeout=60)        # every rank
-        >>> fc.get_world_size()        # under mpiexec -n 4, on every rank
-        4
-    """
+def configure(timeout: Timeout, debug: str | None) -> None:
+    """Apply `fcoll.init`'s settings: a given value replaces the current one; the debug
+    level falls back to ``FCOLL_DEBUG``. Tells the caches that depend on them (`changed`)."""
     seconds = to_seconds(timeout)
     level = _debug_level(debug)
-    if _state.world is None:
-        from fcoll.group import Group
-
-        MPI = mpi()
-        _state.world = Group._from_comm(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
     if timeout is not None or _state.timeout is None:
         _state.timeout = seconds
     if debug is not None or "FCOLL_DEBUG" in os.environ:
         _state.debug = level
     _state.checking = _state.debug != "off"
-    from fcoll.collectives import _fast
-
-    _fast.reset()  # fast paths assume no deadline and no debug checks
+    changed()  # e.g. the fast paths assume no deadline and no debug checks
 
 
 def abort(code: int = 1) -> None:
@@ -180,31 +157,23 @@ def abort(code: int = 1) -> None:
     mpi().COMM_WORLD.Abort(code)
 
 
-def is_initialized() -> bool:
-    """Whether `init` has run (explicitly or through a first collective).
-
-    Example:
-        >>> fc.is_initialized()               # every rank, before any call
-        False
-        >>> fc.barrier(); fc.is_initialized()
-        True
-    """
-    return _state.world is not None
-
-
-def world() -> Group:
-    """The default group: every process of the job (fcoll's own duplicate of COMM_WORLD).
-
-    Example:
-        >>> fc.world().size    # under mpiexec -n 4
-        4
-    """
-    if _state.world is None:
-        init()
-    assert _state.world is not None
-    return _state.world
-
-
 def settings() -> _State:
     """The live settings (default timeout, debug level)."""
     return _state
+
+
+# Called by `changed`: caches above this layer that depend on the settings or on a group's
+# health (the default group's fast paths, fcoll.collectives._fast) subscribe here, so that
+# nothing below them imports them to reset them.
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` whenever the settings change or a group breaks (see `changed`)."""
+    _LISTENERS.append(listener)
+
+
+def changed() -> None:
+    """The settings changed (`fcoll.init`) or a group became unusable: drop dependent caches."""
+    for listener in _LISTENERS:
+        listener()

@@ -5,8 +5,8 @@ Importing this module does not import cupy; calling `use_local_device` does.
 
 from __future__ import annotations
 
-from fcoll import _runtime
 from fcoll.backends import nccl
+from fcoll.group import world
 
 
 def use_local_device() -> int:
@@ -24,6 +24,6 @@ def use_local_device() -> int:
     """
     import cupy
 
-    device = nccl.local_device(_runtime.world().comm("use_local_device"))
+    device = nccl.local_device(world().comm("use_local_device"))
     cupy.cuda.Device(device).use()
     return device

@@ -7,14 +7,14 @@ of another. `resolve_group` is the one place that turns a ``group=`` argument in
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from fcoll import _runtime
 from fcoll._runtime import Timeout, to_seconds
-from fcoll.backends import mpi as backend
-from fcoll.work import Deadline
+from fcoll.work import Call
 
 
 class Group:
@@ -45,7 +45,7 @@ class Group:
         self.seq = 0  # calls made on the group by this process
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
-        self.deadline = Deadline(0.0, "", self, 0.0)  # of the call in progress, if timed
+        self.call = Call(self, comm)  # the public call in progress (refreshed by `member`)
         self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (backends.nccl)
         self.nccl_device = -1  # the GPU it was made on
         self.side_comm: Any = None  # a Dup for tagged point-to-point steps (collectives.nonblocking)
@@ -91,7 +91,7 @@ class Group:
             raise RuntimeError(f"{fn}: group {list(self._ranks)} is unusable: {self.broken}; "
                                "fcoll.abort() ends the job")
         if self._comm is None:
-            me = _runtime.world().rank
+            me = world().rank
             raise ValueError(
                 f"{fn}: expected a group this process belongs to, got {self!r}, "
                 f"which does not contain global rank {me}"
@@ -164,7 +164,7 @@ class Group:
             Traceback (most recent call last):
             ValueError: barrier: expected a live group, got Group(ranks=[0, 1], rank=0, destroyed), ...
         """
-        if self is _runtime.settings().world:
+        if self is _runtime._state.world:
             raise ValueError("destroy: expected a group other than the world group")
         if self.nccl is not None:
             from fcoll.backends import nccl
@@ -187,6 +187,83 @@ class Group:
 _LIST_GROUPS: dict[tuple[int, ...], Group] = {}
 
 
+def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
+    """Start fcoll: MPI (if not started) and the world group. Idempotent.
+
+    Calling it is optional: the first collective calls it. Works under ``mpiexec -n N``
+    and as a plain ``python script.py`` (world size 1).
+
+    Args:
+        timeout: default deadline (seconds or `datetime.timedelta`) for blocking calls;
+            ``None`` waits forever. Later calls to `init` update it.
+        debug: ``"off"``, ``"info"`` or ``"detail"``; default from ``FCOLL_DEBUG``.
+
+    Example:
+        >>> import fcoll as fc
+        >>> fc.init(timeout=60)        # every rank
+        >>> fc.get_world_size()        # under mpiexec -n 4, on every rank
+        4
+    """
+    state = _runtime.settings()
+    if state.world is None:
+        to_seconds(timeout)  # bad arguments raise before MPI starts
+        _runtime._debug_level(debug)
+        MPI = _runtime.mpi()
+        state.world = Group(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
+    _runtime.configure(timeout, debug)
+
+
+def is_initialized() -> bool:
+    """Whether `init` has run (explicitly or through a first collective).
+
+    Example:
+        >>> fc.is_initialized()               # every rank, before any call
+        False
+        >>> fc.barrier(); fc.is_initialized()
+        True
+    """
+    return _runtime._state.world is not None
+
+
+def world() -> Group:
+    """The default group: every process of the job (fcoll's own duplicate of COMM_WORLD).
+
+    Example:
+        >>> fc.world().size    # under mpiexec -n 4
+        4
+    """
+    state = _runtime.settings()
+    if state.world is None:
+        init()
+    world: Group = state.world
+    return world
+
+
+# Meshes entered with ``with mesh:`` in this thread, innermost last. `fcoll.mesh` pushes
+# and pops them; `resolve_group` asks them for axis names (duck-typed: ``names`` and
+# ``group(names)``) without importing `fcoll.mesh`, the layer above.
+_MESHES = threading.local()
+
+
+def mesh_stack() -> list[Any]:
+    """This thread's stack of active meshes (innermost last)."""
+    stack: list[Any] | None = getattr(_MESHES, "stack", None)
+    if stack is None:
+        stack = _MESHES.stack = []
+    return stack
+
+
+def axis_group(names: str | Sequence[str], fn: str) -> Group:
+    """The group of axis ``names`` in the innermost active mesh that has them."""
+    wanted = (names,) if isinstance(names, str) else tuple(names)
+    for mesh in reversed(mesh_stack()):
+        if all(n in mesh.names for n in wanted):
+            found: Group = mesh.group(wanted)
+            return found
+    raise ValueError(f"{fn}: axis name(s) {names!r} are not axes of an active mesh; "
+                     "use `with fc.Mesh(shape, names):`")
+
+
 def _check_ranks(ranks: object, fn: str, world_size: int) -> tuple[int, ...]:
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
         raise TypeError(f"{fn}: expected ranks to be a list of ints, got {type(ranks).__name__}")
@@ -203,10 +280,10 @@ def _check_ranks(ranks: object, fn: str, world_size: int) -> tuple[int, ...]:
 
 def _create(ranks: tuple[int, ...], timeout: float | None) -> Group:
     """A group of ``ranks``; collective over those ranks only (``MPI_Comm_create_group``)."""
-    world = _runtime.world()
-    if world.rank not in ranks:
+    everyone = world()
+    if everyone.rank not in ranks:
         return Group(None, ranks, timeout)
-    parent = world.comm("new_group")
+    parent = everyone.comm("new_group")
     mpi_group = parent.Get_group().Incl(list(ranks))
     try:
         return Group(parent.Create_group(mpi_group), ranks, timeout)
@@ -224,28 +301,26 @@ def new_group(ranks: Sequence[int] | None = None, *, timeout: Timeout = None) ->
         >>> fc.get_rank(g)               # on rank 3: 1; on rank 0: -1
         1
     """
-    world = _runtime.world()
+    everyone = world()
     seconds = to_seconds(timeout)
     if ranks is None:
-        return Group(world.comm("new_group").Dup(), world.ranks, seconds)
-    return _create(_check_ranks(ranks, "new_group", world.size), seconds)
+        return Group(everyone.comm("new_group").Dup(), everyone.ranks, seconds)
+    return _create(_check_ranks(ranks, "new_group", everyone.size), seconds)
 
 
 def resolve_group(group: object, fn: str) -> Group:
     """Turn a ``group=`` argument (None, `Group`, list of global ranks, or mesh axis
     name(s) inside ``with mesh:``) into a `Group`."""
     if group is None:
-        return _runtime.world()
+        return world()
     if isinstance(group, Group):
         return group
-    if isinstance(group, str) or (isinstance(group, tuple) and group
-                                  and all(isinstance(name, str) for name in group)):
-        from fcoll.mesh import active, axis_group  # mesh axis names, inside `with mesh:`
-
-        if active():
-            return axis_group(group, fn)
+    names = isinstance(group, str) or (isinstance(group, tuple) and group
+                                       and all(isinstance(name, str) for name in group))
+    if names and mesh_stack():  # mesh axis names, inside `with mesh:`
+        return axis_group(group, fn)  # type: ignore[arg-type]
     if isinstance(group, (list, tuple)):
-        key = _check_ranks(group, fn, _runtime.world().size)
+        key = _check_ranks(group, fn, world().size)
         cached = _LIST_GROUPS.get(key)
         if cached is None:
             cached = _LIST_GROUPS[key] = _create(key, None)
@@ -254,19 +329,24 @@ def resolve_group(group: object, fn: str) -> Group:
                     f"(inside `with fc.Mesh(...)`) mesh axis names, got {type(group).__name__}")
 
 
-def member(group: object, fn: str) -> tuple[Group, Any]:
-    """`resolve_group` plus the group's communicator; `ValueError` unless a live member."""
-    g = (_runtime._state.world or _runtime.world()) if group is None else resolve_group(group, fn)
+def member(group: object, fn: str) -> tuple[Group, Call]:
+    """`resolve_group` plus the call context passed down to the transport (communicator,
+    deadline, call number: `fcoll.work.Call`); `ValueError` unless a live member.
+
+    Example:
+        >>> g, call = member(None, "all_reduce")          # at the start of a public call
+        >>> backend.allreduce(call, x, MPI.SUM)           # the transport takes the call
+    """
+    g = (_runtime._state.world or world()) if group is None else resolve_group(group, fn)
     if not g.usable:
         g.comm(fn)  # raises the documented error
-    backend.CALL = g  # counted in g.seq once the call communicates
+    call = g.call
+    call.fn, call.counted = fn, False  # counted in g.seq once the call communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
-    if timeout is None:
-        backend.DEADLINE = None
-    else:
-        deadline = backend.DEADLINE = g.deadline
-        deadline.seconds, deadline.fn, deadline.start = timeout, fn, time.monotonic()
-    return g, g._comm
+    call.seconds = timeout
+    if timeout is not None:
+        call.start = time.monotonic()
+    return g, call
 
 
 def get_rank(group: Group | Sequence[int] | None = None) -> int:

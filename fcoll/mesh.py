@@ -4,22 +4,14 @@ Mesh). Inside ``with mesh:`` axis names are valid as ``group=`` and ``axis_name=
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from fcoll.group import Group, resolve_group
+from fcoll.group import Group, axis_group, mesh_stack, resolve_group
 
-_active = threading.local()
-
-
-def _stack() -> list[Mesh]:
-    if not hasattr(_active, "meshes"):
-        _active.meshes = []
-    stack: list[Mesh] = _active.meshes
-    return stack
+_stack = mesh_stack  # the active meshes live with the groups (fcoll.group.resolve_group reads them)
 
 
 class Mesh:
@@ -132,11 +124,4 @@ def active() -> bool:
     return bool(_stack())
 
 
-def axis_group(names: str | Sequence[str], fn: str) -> Group:
-    """The group of axis ``names`` in the innermost active mesh that has them."""
-    wanted = (names,) if isinstance(names, str) else tuple(names)
-    for mesh in reversed(_stack()):
-        if all(n in mesh.names for n in wanted):
-            return mesh.group(wanted)
-    raise ValueError(f"{fn}: axis name(s) {names!r} are not axes of an active mesh; "
-                     "use `with fc.Mesh(shape, names):`")
+__all__ = ["Mesh", "active", "axis_group"]

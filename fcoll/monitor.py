@@ -17,6 +17,7 @@ from fcoll import _runtime
 from fcoll._runtime import Timeout, to_seconds
 from fcoll.group import Group, member
 from fcoll.p2p import BYTE, MONITOR_TAG
+from fcoll.work import Call
 
 GroupArg = Group | Sequence[int] | None
 _OK, _FAILED = 1, 0
@@ -56,25 +57,25 @@ def monitored_barrier(group: GroupArg = None, timeout: Timeout = None, *,
         >>> fc.monitored_barrier(timeout=5)      # every rank; returns once all arrived
     """
     fn = "monitored_barrier"
-    g, comm = member(group, fn)
+    g, call = member(group, fn)
     seconds = to_seconds(timeout, "timeout")
     seconds = seconds or g.timeout or _runtime.settings().timeout or 30.0
     tag = MONITOR_TAG
     g.monitor_epoch += 1  # reports carry it, so a late report of an earlier call is skipped
     if g.rank == 0:
-        _gather_reports(g, comm, tag, seconds, wait_all_ranks)
+        _gather_reports(g, call, tag, seconds, wait_all_ranks)
     else:
-        _report(g, comm, tag, seconds)
+        _report(g, call, tag, seconds)
 
 
-def _gather_reports(g: Group, comm: Any, tag: int, seconds: float, wait_all: bool) -> None:
+def _gather_reports(g: Group, call: Call, tag: int, seconds: float, wait_all: bool) -> None:
     flags = {r: np.zeros(1, np.int64) for r in range(1, g.size)}
-    requests = {r: comm.Irecv([flag, BYTE], r, tag) for r, flag in flags.items()}
+    requests = {r: call.comm.Irecv([flag, BYTE], r, tag) for r, flag in flags.items()}
 
     def current(rank: int) -> bool:
         if flags[rank][0] == g.monitor_epoch:
             return True
-        requests[rank] = comm.Irecv([flags[rank], BYTE], rank, tag)  # a stale report
+        requests[rank] = call.comm.Irecv([flags[rank], BYTE], rank, tag)  # a stale report
         return False
 
     late = _poll(requests, seconds, wait_all, current)
@@ -83,16 +84,16 @@ def _gather_reports(g: Group, comm: Any, tag: int, seconds: float, wait_all: boo
     verdict = np.array([_FAILED if late else _OK], np.int8)
     arrived = [r for r in flags if r not in requests]
     for rank in arrived:
-        comm.Isend([verdict, BYTE], rank, tag + 1).Wait()
+        call.comm.Isend([verdict, BYTE], rank, tag + 1).Wait()
     if late:
         raise RuntimeError(f"{_names(late)} failed to pass monitored_barrier in {seconds:g} s "
                            f"(group ranks {list(g.ranks)})")
 
 
-def _report(g: Group, comm: Any, tag: int, seconds: float) -> None:
-    send = comm.Isend([np.array([g.monitor_epoch], np.int64), BYTE], 0, tag)
+def _report(g: Group, call: Call, tag: int, seconds: float) -> None:
+    send = call.comm.Isend([np.array([g.monitor_epoch], np.int64), BYTE], 0, tag)
     verdict = np.zeros(1, np.int8)
-    receive = comm.Irecv([verdict, BYTE], 0, tag + 1)
+    receive = call.comm.Irecv([verdict, BYTE], 0, tag + 1)
     if _poll({0: receive}, seconds * 2, True):
         receive.Cancel()
         send.Cancel()

@@ -21,6 +21,7 @@ from fcoll import _debug
 from fcoll._validate import check_rank
 from fcoll.backends import mpi as backend
 from fcoll.group import Group, member
+from fcoll.work import Call
 
 GroupArg = Group | Sequence[int] | None
 
@@ -51,9 +52,9 @@ def _loads(buf: np.ndarray, sizes: Sequence[int]) -> list[Any]:
     return out
 
 
-def _gathered_sizes(comm: Any, payload: bytes, error: BaseException | None,
+def _gathered_sizes(call: Call, payload: bytes, error: BaseException | None,
                     fn: str) -> list[int]:
-    sizes: list[int] = backend.allgather_ints(comm, [-1 if error else len(payload)])[:, 0].tolist()
+    sizes: list[int] = backend.allgather_ints(call, [-1 if error else len(payload)])[:, 0].tolist()
     _check_sizes(sizes, error, fn, range(len(sizes)))
     return sizes
 
@@ -66,12 +67,12 @@ def all_gather_object(obj: object, group: GroupArg = None) -> list[Any]:
         [{'rank': 0}, {'rank': 1}]
     """
     fn = "all_gather_object"
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn):
         pass
     payload, error = _dumps(obj)
-    sizes = _gathered_sizes(comm, payload, error, fn)
-    buf = backend.allgatherv(comm, np.frombuffer(payload, np.uint8),
+    sizes = _gathered_sizes(call, payload, error, fn)
+    buf = backend.allgatherv(call, np.frombuffer(payload, np.uint8),
                              np.empty(sum(sizes), np.uint8), sizes)
     return _loads(buf, sizes)
 
@@ -86,13 +87,13 @@ def gather_object(obj: object, dst: int = 0, group: GroupArg = None) -> list[Any
         True
     """
     fn = "gather_object"
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, dst=dst):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, dst=dst):
         root = check_rank(dst, g.size, fn, "dst")
     payload, error = _dumps(obj)
-    sizes = _gathered_sizes(comm, payload, error, fn)
+    sizes = _gathered_sizes(call, payload, error, fn)
     out = np.empty(sum(sizes), np.uint8) if g.rank == root else None
-    buf = backend.gatherv(comm, np.frombuffer(payload, np.uint8), out, sizes, root)
+    buf = backend.gatherv(call, np.frombuffer(payload, np.uint8), out, sizes, root)
     return None if buf is None else _loads(buf, sizes)
 
 
@@ -104,14 +105,14 @@ def broadcast_object(obj: object, src: int = 0, group: GroupArg = None) -> Any:
         '/tmp/run-42'
     """
     fn = "broadcast_object"
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, src=src):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, src=src):
         root = check_rank(src, g.size, fn, "src")
     payload, error = _dumps(obj) if g.rank == root else (b"", None)
-    size = backend.bcast_obj(comm, -1 if error else len(payload), root)
+    size = backend.bcast_obj(call, -1 if error else len(payload), root)
     _check_sizes([size], error, fn, [root])
     buf = np.frombuffer(payload, np.uint8).copy() if g.rank == root else np.empty(size, np.uint8)
-    return pickle.loads(backend.bcast(comm, buf, root).tobytes())
+    return pickle.loads(backend.bcast(call, buf, root).tobytes())
 
 
 def _check_objs(objs: object, is_root: bool, n: int, root: int) -> None:
@@ -134,8 +135,8 @@ def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = N
         {'shard': 1}
     """
     fn = "scatter_object"
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, src=src):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, src=src):
         root = check_rank(src, g.size, fn, "src")
         _check_objs(objs, g.rank == root, g.size, root)
     if g.rank == root:
@@ -145,8 +146,8 @@ def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: GroupArg = N
         sizes = [-1 if e else len(p) for p, e in pickled]
     else:
         pickled, error, sizes = [], None, []
-    sizes = backend.bcast_obj(comm, sizes, root)
+    sizes = backend.bcast_obj(call, sizes, root)
     _check_sizes(sizes, error, fn, [root] * len(sizes))
     send = np.frombuffer(b"".join(p for p, _ in pickled), np.uint8) if pickled else None
-    buf = backend.scatterv(comm, send, sizes, np.empty(sizes[g.rank], np.uint8), root)
+    buf = backend.scatterv(call, send, sizes, np.empty(sizes[g.rank], np.uint8), root)
     return pickle.loads(buf.tobytes())

@@ -21,12 +21,11 @@ from fcoll import _debug
 from fcoll._dispatch import is_cupy
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_rank
-from fcoll.backends import mpi as backend
 from fcoll.collectives import gpu_mpi
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.group import Group, member, resolve_group
-from fcoll.work import Operation, RequestOperation, Work, backoff, timed_out, wait_request
+from fcoll.work import Call, Operation, RequestOperation, Work, backoff, timed_out, wait_request
 
 GroupArg = Group | Sequence[int] | None
 MPI = mpi()
@@ -80,23 +79,23 @@ def _inline(buf: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...], offse
     return np.ndarray(shape, dtype, buffer=buf, offset=offset)
 
 
-def _send(comm: Any, buf: Any, peer: int, tag: int) -> None:
+def _send(call: Call, buf: Any, peer: int, tag: int) -> None:
     """A blocking send, bounded by the call's deadline when one is set."""
-    if backend.DEADLINE is None:
-        comm.Send([buf, BYTE], peer, tag)
+    if call.seconds is None:
+        call.comm.Send([buf, BYTE], peer, tag)
     else:
-        wait_request(comm.Isend([buf, BYTE], peer, tag), backend.DEADLINE)
+        wait_request(call.comm.Isend([buf, BYTE], peer, tag), call)
 
 
-def _probe(comm: Any, source: int, tag: int, status: Any) -> Any:
+def _probe(call: Call, source: int, tag: int, status: Any) -> Any:
     """A matched probe, bounded by the call's deadline when one is set."""
-    deadline = backend.DEADLINE
-    if deadline is None:
-        return comm.Mprobe(source, tag, status)
+    seconds = call.seconds
+    if seconds is None:
+        return call.comm.Mprobe(source, tag, status)
     pause, started = 1e-5, time.monotonic()
-    while (message := comm.Improbe(source, tag, status)) is None:
-        if time.monotonic() - deadline.start > deadline.seconds:
-            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.group.seq)
+    while (message := call.comm.Improbe(source, tag, status)) is None:
+        if time.monotonic() - call.start > seconds:
+            raise timed_out(call.fn, call.group, seconds, call.group.seq)
         pause = backoff(started, pause)
     return message
 
@@ -119,15 +118,15 @@ def send(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> None:
     """
     if type(x) is not np.ndarray and is_cupy(x):  # sent from a host copy; recv gives numpy
         x = gpu_mpi.to_host(x)
-    g, comm = member(group, "send")
+    g, call = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
     check_array(x, "send")
     tag = _tag(tag, "send")
     if x.nbytes <= INLINE_LIMIT:
-        _send(comm, _packed(x), peer, 2 * tag)
+        _send(call, _packed(x), peer, 2 * tag)
         return
-    _send(comm, _header(x, _SEPARATE), peer, 2 * tag)
-    _send(comm, c_order(x), peer, 2 * tag + 1)
+    _send(call, _header(x, _SEPARATE), peer, 2 * tag)
+    _send(call, c_order(x), peer, 2 * tag + 1)
 
 
 def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
@@ -140,11 +139,11 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
         >>> who
         2
     """
-    g, comm = member(group, "recv")
+    g, call = member(group, "recv")
     source = MPI.ANY_SOURCE if src is None else _peer(src, g, "recv", "src", self_ok=False)
     tag = _tag(tag, "recv")
     status = MPI.Status()
-    message = _probe(comm, source, 2 * tag, status)
+    message = _probe(call, source, 2 * tag, status)
     buf = np.empty(status.Get_count(BYTE), np.uint8)
     message.Recv([buf, BYTE])
     kind, dtype, shape, offset = _parse(buf)
@@ -152,7 +151,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
         out = _inline(buf, dtype, shape, offset)
     else:
         out = np.empty(shape, dtype)
-        data = _probe(comm, status.Get_source(), 2 * tag + 1, MPI.Status())
+        data = _probe(call, status.Get_source(), 2 * tag + 1, MPI.Status())
         data.Recv([out, BYTE])
     return (out, status.Get_source()) if return_source else out
 
@@ -168,20 +167,20 @@ def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work
     """
     if type(x) is not np.ndarray and is_cupy(x):  # copied to the host at the call
         x = gpu_mpi.to_host(x)
-    g, comm = member(group, "isend")
+    g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
     check_array(x, "isend")
     packed = _packed(x)
-    request = comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
+    request = call.comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
     return Work(RequestOperation("isend", g, request, lambda: None, (packed,)))
 
 
 class _Receive(Operation):
     """irecv: probe for the header without blocking, then receive the rest."""
 
-    def __init__(self, g: Group, comm: Any, source: int, tag: int) -> None:
+    def __init__(self, g: Group, call: Call, source: int, tag: int) -> None:
         super().__init__("irecv", g)
-        self._comm, self._wanted, self._tag = comm, source, tag
+        self._comm, self._wanted, self._tag = call.comm, source, tag
         self._request: Any = None
         self._buf: np.ndarray | None = None
 
@@ -233,9 +232,9 @@ def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work:
         >>> w.wait()                                        # on rank 0; rank 1 gets [0, 0]
         array([1, 1])
     """
-    g, comm = member(group, "irecv")
+    g, call = member(group, "irecv")
     source = MPI.ANY_SOURCE if src is None else _peer(src, g, "irecv", "src", self_ok=True)
-    return Work(_Receive(g, comm, source, _tag(tag, "irecv")))
+    return Work(_Receive(g, call, source, _tag(tag, "irecv")))
 
 
 @dataclass(frozen=True)
@@ -316,8 +315,8 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
         from fcoll.collectives import gpu
 
         return gpu.run(fn, permute_tensor, x, src_dst, group)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, x=x, src_dst=src_dst):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, x=x, src_dst=src_dst):
         check_array(x, fn)
         targets = _permutation(src_dst, g.size, fn)
     dst = targets[g.rank]
@@ -325,12 +324,12 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     if dst == g.rank:
         return np.array(x, order="C", copy=True)
     out = np.empty(x.shape, x.dtype) if senders else np.zeros(x.shape, x.dtype)
-    requests = [comm.Irecv([out, BYTE], senders[0], PERMUTE_TAG)] if senders else []
+    requests = [call.comm.Irecv([out, BYTE], senders[0], PERMUTE_TAG)] if senders else []
     if dst is not None:
-        requests.append(comm.Isend([c_order(x), BYTE], dst, PERMUTE_TAG))
-    if backend.DEADLINE is None:
+        requests.append(call.comm.Isend([c_order(x), BYTE], dst, PERMUTE_TAG))
+    if call.seconds is None:
         MPI.Request.Waitall(requests)
     else:
         for request in requests:
-            wait_request(request, backend.DEADLINE)
+            wait_request(request, call)
     return out

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fcoll import _runtime
-from fcoll.group import Group, resolve_group
+from fcoll.group import Group, resolve_group, world
 
 
 def _split_into(parent: Group, blocks: list[tuple[int, ...]], fn: str) -> Group | None:
     """Groups of ``blocks`` (global ranks); collective over ``parent``. Returns this
     process's group, or ``None`` when it is in no block."""
     comm = parent.comm(fn)
-    me = _runtime.world().rank
+    me = world().rank
     for color, block in enumerate(blocks):
         if me in block:
             return Group(comm.Split(color, block.index(me)), block, parent.timeout)
@@ -97,7 +97,7 @@ def new_subgroups_by_enumeration(
         >>> cur.ranks
         (0, 2)
     """
-    world = _runtime.world()
-    blocks = _check_enumeration(ranks_per_subgroup_list, world.size)
-    mine = _split_into(world, blocks, "new_subgroups_by_enumeration")
+    everyone = world()
+    blocks = _check_enumeration(ranks_per_subgroup_list, everyone.size)
+    mine = _split_into(everyone, blocks, "new_subgroups_by_enumeration")
     return mine, _groups(blocks, mine)

@@ -34,17 +34,36 @@ class CollectiveTimeoutError(TimeoutError):
     """
 
 
-class Deadline:
-    """The deadline of the public call in progress on a group: ``seconds`` from ``start``.
+class Call:
+    """The public call in progress on a group: what the transport needs besides buffers.
 
-    Each group keeps one and `fcoll.group.member` refreshes it per call (cheaper than a
-    new object on the small-message path).
+    `fcoll.group.member` fills in the group's one `Call` at the start of each public call
+    (cheaper than a new object on the small-message path) and it is passed down to the
+    transport, which keeps no per-call state of its own:
+
+    - ``comm``: the group's MPI communicator; ``group``: the `fcoll.group.Group`;
+    - ``fn``: the public function's name, for errors;
+    - ``seconds``/``start``: the call's deadline (``None``: no deadline, MPI's blocking
+      forms) and when the call began (``time.monotonic``);
+    - ``counted``: whether the group's call number (``group.seq``) has counted this call.
+      The transport's first operation counts it (`begin`), so a call that fails its local
+      checks is not counted and the numbers stay equal across ranks.
     """
 
-    __slots__ = ("fn", "group", "seconds", "start")
+    __slots__ = ("comm", "counted", "fn", "group", "seconds", "start")
 
-    def __init__(self, seconds: float, fn: str, group: Any, start: float) -> None:
-        self.seconds, self.fn, self.group, self.start = seconds, fn, group, start
+    def __init__(self, group: Any, comm: Any) -> None:
+        self.group, self.comm, self.fn = group, comm, ""
+        self.seconds: float | None = None
+        self.start = 0.0
+        self.counted = True
+
+    def begin(self) -> Any:
+        """Count the call on its group (once) and return the communicator to use."""
+        if not self.counted:
+            self.counted = True
+            self.group.seq += 1
+        return self.comm
 
 
 def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
@@ -53,9 +72,7 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
               f"{seconds:g} s deadline")
     group.broken = reason
     group.usable = False
-    from fcoll.collectives import _fast
-
-    _fast.reset()
+    _runtime.changed()  # caches that assume a healthy group drop it
     return CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
         "call, or died. The group is now unusable; fcoll.abort() ends the job")
@@ -80,12 +97,14 @@ def backoff(started: float, pause: float) -> float:
     return min(2 * pause, 1e-3)
 
 
-def wait_request(request: Any, deadline: Deadline) -> None:
-    """Poll ``request`` until it completes; raise `CollectiveTimeoutError` when late."""
+def wait_request(request: Any, call: Call) -> None:
+    """Poll ``request`` until it completes; raise `CollectiveTimeoutError` once ``call``'s
+    deadline (``call.seconds``, not ``None``) has passed."""
     pause, started = 1e-5, time.monotonic()
+    seconds = call.seconds if call.seconds is not None else float("inf")
     while not request.Test():
-        if time.monotonic() - deadline.start > deadline.seconds:
-            raise timed_out(deadline.fn, deadline.group, deadline.seconds, deadline.group.seq)
+        if time.monotonic() - call.start > seconds:
+            raise timed_out(call.fn, call.group, seconds, call.group.seq)
         pause = backoff(started, pause)
 
 
@@ -278,9 +297,10 @@ def wait_all(works: Iterable[Work], timeout: Timeout = None) -> list[Any]:
     return [work.wait(timeout) for work in works]
 
 
-def complete_pending(group: Any, deadline: Deadline | None) -> None:
-    """Complete every operation the group still has in flight, oldest first, within the
-    deadline of the call in progress (if any)."""
-    while group.pending:
-        left = None if deadline is None else deadline.seconds - (time.monotonic() - deadline.start)
-        group.pending[0].finish(left if left is None else max(left, 0.0))
+def complete_pending(call: Call) -> None:
+    """Complete every operation ``call``'s group still has in flight, oldest first, within
+    the call's deadline (if any)."""
+    pending = call.group.pending
+    while pending:
+        left = None if call.seconds is None else call.seconds - (time.monotonic() - call.start)
+        pending[0].finish(left if left is None else max(left, 0.0))

@@ -17,88 +17,68 @@ from typing import Any
 import numpy as np
 
 from fcoll._runtime import mpi
+from fcoll.work import Call, wait_request
 
 MPI = mpi()
 BYTE = MPI.BYTE
 
-# The deadline of the public call in progress (set by `fcoll.group.member`), or None:
-# then every call below is MPI's blocking form; else its nonblocking form, polled until
-# done or late (`fcoll.work.wait_request`).
-DEADLINE: Any = None
-# The group of the public call in progress until that call first communicates; then its
-# sequence number is counted. Calls that fail their local checks are therefore not
-# counted, and the numbers stay equal across ranks.
-CALL: Any = None
-
-
-def _begin() -> None:
-    global CALL
-    CALL.seq += 1
-    CALL = None
-
-
-def _wait(request: Any) -> None:
-    from fcoll.work import wait_request
-
-    wait_request(request, DEADLINE)
+# Every function takes the public call in progress (`fcoll.work.Call`, made by
+# `fcoll.group.member`): its communicator, and its deadline: without one, MPI's blocking
+# form; with one, the nonblocking form polled until done or late (`wait_request`). The
+# first operation of a call counts it in the group's call number (`Call.begin`).
 
 
 def _displs(counts: Sequence[int]) -> list[int]:
     return [0, *np.cumsum(counts[:-1], dtype=np.int64).tolist()] if counts else []
 
 
-def allreduce(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
-    if CALL is not None:
-        _begin()
+def allreduce(call: Call, send: np.ndarray, op: Any) -> np.ndarray:
+    comm = call.begin()
     out = np.empty(send.shape, send.dtype)
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Allreduce(send, out, op)
     else:
-        _wait(comm.Iallreduce(send, out, op))
+        wait_request(comm.Iallreduce(send, out, op), call)
     return out
 
 
-def reduce(comm: Any, send: np.ndarray, op: Any, root: int) -> np.ndarray | None:
-    if CALL is not None:
-        _begin()
+def reduce(call: Call, send: np.ndarray, op: Any, root: int) -> np.ndarray | None:
+    comm = call.begin()
     out = np.empty(send.shape, send.dtype) if comm.Get_rank() == root else None
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Reduce(send, out, op, root)
     else:
-        _wait(comm.Ireduce(send, out, op, root))
+        wait_request(comm.Ireduce(send, out, op, root), call)
     return out
 
 
-def reduce_scatter_block(comm: Any, send: np.ndarray, op: Any) -> np.ndarray:
+def reduce_scatter_block(call: Call, send: np.ndarray, op: Any) -> np.ndarray:
     """Block ``rank`` of ``send`` split evenly along axis 0, reduced."""
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Reduce_scatter_block(send, out, op)
     else:
-        _wait(comm.Ireduce_scatter_block(send, out, op))
+        wait_request(comm.Ireduce_scatter_block(send, out, op), call)
     return out
 
 
-def reduce_scatter(comm: Any, send: np.ndarray, counts: Sequence[int], op: Any) -> np.ndarray:
-    if CALL is not None:
-        _begin()
+def reduce_scatter(call: Call, send: np.ndarray, counts: Sequence[int], op: Any) -> np.ndarray:
+    comm = call.begin()
     out = np.empty(counts[comm.Get_rank()], send.dtype)
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Reduce_scatter(send, out, list(counts), op)
     else:
-        _wait(comm.Ireduce_scatter(send, out, list(counts), op))
+        wait_request(comm.Ireduce_scatter(send, out, list(counts), op), call)
     return out
 
 
-def bcast(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
-    if CALL is not None:
-        _begin()
-    if DEADLINE is None:
+def bcast(call: Call, buf: np.ndarray, root: int) -> np.ndarray:
+    comm = call.begin()
+    if call.seconds is None:
         comm.Bcast([buf, BYTE], root)
     else:
-        _wait(comm.Ibcast([buf, BYTE], root))
+        wait_request(comm.Ibcast([buf, BYTE], root), call)
     return buf
 
 
@@ -110,10 +90,9 @@ PIPELINE_BYTES = 1 << 20
 PIPELINE_CHUNK = 256 << 10
 
 
-def bcast_copy(comm: Any, x: np.ndarray, root: int) -> np.ndarray:
+def bcast_copy(call: Call, x: np.ndarray, root: int) -> np.ndarray:
     """A new array holding ``root``'s C-contiguous ``x`` on every rank, sent in chunks."""
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     out = np.empty(x.shape, x.dtype)
     flat_out, flat_x = out.reshape(-1).view(np.uint8), x.reshape(-1).view(np.uint8)
     step = max(PIPELINE_CHUNK, -(-flat_out.size // 16))
@@ -124,94 +103,85 @@ def bcast_copy(comm: Any, x: np.ndarray, root: int) -> np.ndarray:
         if is_root:
             chunk[...] = flat_x[start : start + step]
         requests.append(comm.Ibcast([chunk, BYTE], root))
-    if DEADLINE is None:
+    if call.seconds is None:
         MPI.Request.Waitall(requests)
     else:
         for request in requests:
-            _wait(request)
+            wait_request(request, call)
     return out
 
 
-def allgather(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    if CALL is not None:
-        _begin()
-    if DEADLINE is None:
+def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    comm = call.begin()
+    if call.seconds is None:
         comm.Allgather([send, BYTE], [out, BYTE])
     else:
-        _wait(comm.Iallgather([send, BYTE], [out, BYTE]))
+        wait_request(comm.Iallgather([send, BYTE], [out, BYTE]), call)
     return out
 
 
-def allgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+def allgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     """``counts`` in bytes, one per rank."""
-    if CALL is not None:
-        _begin()
-    if DEADLINE is None:
+    comm = call.begin()
+    if call.seconds is None:
         comm.Allgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
     else:
-        _wait(comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE]))
+        wait_request(comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE]), call)
     return out
 
 
-def gatherv(
-    comm: Any, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int
+def gatherv(call: Call, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int
 ) -> np.ndarray | None:
     """``out`` and ``counts`` (bytes) are read on ``root`` only."""
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     if comm.Get_rank() != root:
-        if DEADLINE is None:
+        if call.seconds is None:
             comm.Gatherv([send, BYTE], None, root)
         else:
-            _wait(comm.Igatherv([send, BYTE], None, root))
+            wait_request(comm.Igatherv([send, BYTE], None, root), call)
         return None
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Gatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root)
     else:
-        _wait(comm.Igatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root))
+        wait_request(comm.Igatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root), call)
     return out
 
 
-def scatterv(
-    comm: Any, send: np.ndarray | None, counts: Sequence[int], out: np.ndarray, root: int
+def scatterv(call: Call, send: np.ndarray | None, counts: Sequence[int], out: np.ndarray, root: int
 ) -> np.ndarray:
     """``send`` and ``counts`` (bytes) are read on ``root`` only."""
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     spec = None if send is None else [send, (list(counts), _displs(counts)), BYTE]
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Scatterv(spec, [out, BYTE], root)
     else:
-        _wait(comm.Iscatterv(spec, [out, BYTE], root))
+        wait_request(comm.Iscatterv(spec, [out, BYTE], root), call)
     return out
 
 
-def alltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    if CALL is not None:
-        _begin()
-    if DEADLINE is None:
+def alltoall(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    comm = call.begin()
+    if call.seconds is None:
         comm.Alltoall([send, BYTE], [out, BYTE])
     else:
-        _wait(comm.Ialltoall([send, BYTE], [out, BYTE]))
+        wait_request(comm.Ialltoall([send, BYTE], [out, BYTE]), call)
     return out
 
 
-def alltoallv(
-    comm: Any,
+def alltoallv(call: Call,
     send: np.ndarray,
     send_counts: Sequence[int],
     out: np.ndarray,
     recv_counts: Sequence[int],
 ) -> np.ndarray:
     """Counts in bytes, one per rank."""
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     spec = ([send, (list(send_counts), _displs(send_counts)), BYTE],
             [out, (list(recv_counts), _displs(recv_counts)), BYTE])
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Alltoallv(*spec)
     else:
-        _wait(comm.Ialltoallv(*spec))
+        wait_request(comm.Ialltoallv(*spec), call)
     return out
 
 
@@ -219,108 +189,97 @@ def alltoallv(
 # keeps every buffer alive (and unmodified) until the request completes.
 
 
-def iallreduce(comm: Any, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
-    if CALL is not None:
-        _begin()
+def iallreduce(call: Call, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
+    comm = call.begin()
     return comm.Iallreduce(send, out, op)
 
 
-def ireduce(comm: Any, send: np.ndarray, out: np.ndarray | None, op: Any, root: int) -> Any:
-    if CALL is not None:
-        _begin()
+def ireduce(call: Call, send: np.ndarray, out: np.ndarray | None, op: Any, root: int) -> Any:
+    comm = call.begin()
     return comm.Ireduce(send, out, op, root)
 
 
-def ireduce_scatter_block(comm: Any, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
-    if CALL is not None:
-        _begin()
+def ireduce_scatter_block(call: Call, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
+    comm = call.begin()
     return comm.Ireduce_scatter_block(send, out, op)
 
 
-def ibcast(comm: Any, buf: np.ndarray, root: int) -> Any:
-    if CALL is not None:
-        _begin()
+def ibcast(call: Call, buf: np.ndarray, root: int) -> Any:
+    comm = call.begin()
     return comm.Ibcast([buf, BYTE], root)
 
 
-def iallgather(comm: Any, send: np.ndarray, out: np.ndarray) -> Any:
-    if CALL is not None:
-        _begin()
+def iallgather(call: Call, send: np.ndarray, out: np.ndarray) -> Any:
+    comm = call.begin()
     return comm.Iallgather([send, BYTE], [out, BYTE])
 
 
-def iallgatherv(comm: Any, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> Any:
-    if CALL is not None:
-        _begin()
+def iallgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> Any:
+    comm = call.begin()
     return comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
 
 
-def igather(comm: Any, send: np.ndarray, out: np.ndarray | None, root: int) -> Any:
-    if CALL is not None:
-        _begin()
+def igather(call: Call, send: np.ndarray, out: np.ndarray | None, root: int) -> Any:
+    comm = call.begin()
     return comm.Igather([send, BYTE], None if out is None else [out, BYTE], root)
 
 
-def ialltoall(comm: Any, send: np.ndarray, out: np.ndarray) -> Any:
-    if CALL is not None:
-        _begin()
+def ialltoall(call: Call, send: np.ndarray, out: np.ndarray) -> Any:
+    comm = call.begin()
     return comm.Ialltoall([send, BYTE], [out, BYTE])
 
 
-def ialltoallv(comm: Any, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+def ialltoallv(call: Call, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
                recv_counts: Sequence[int]) -> Any:
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     return comm.Ialltoallv(
         [send, (list(send_counts), _displs(send_counts)), BYTE],
         [out, (list(recv_counts), _displs(recv_counts)), BYTE],
     )
 
 
-def barrier(comm: Any) -> None:
-    if CALL is not None:
-        _begin()
-    if DEADLINE is None:
+def barrier(call: Call) -> None:
+    comm = call.begin()
+    if call.seconds is None:
         comm.Barrier()
     else:
-        _wait(comm.Ibarrier())
+        wait_request(comm.Ibarrier(), call)
 
 
-def allgather_ints(comm: Any, values: Sequence[int]) -> np.ndarray:
+def allgather_ints(call: Call, values: Sequence[int]) -> np.ndarray:
     """Every rank's ``values`` (same length everywhere) as an ``(n, len)`` int64 array."""
-    if CALL is not None:
-        _begin()
+    comm = call.begin()
     send = np.asarray(values, dtype=np.int64)
     out = np.empty((comm.Get_size(), send.size), np.int64)
-    if DEADLINE is None:
+    if call.seconds is None:
         comm.Allgather(send, out)
     else:
-        _wait(comm.Iallgather(send, out))
+        wait_request(comm.Iallgather(send, out), call)
     return out
 
 
-def allgather_obj(comm: Any, obj: object) -> list[Any]:
+def allgather_obj(call: Call, obj: object) -> list[Any]:
     """Every rank's (small, fcoll-made) metadata object, via pickled bytes."""
     payload = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
-    sizes = allgather_ints(comm, [payload.size])[:, 0].tolist()
-    buf = allgatherv(comm, payload, np.empty(sum(sizes), np.uint8), sizes)
+    sizes = allgather_ints(call, [payload.size])[:, 0].tolist()
+    buf = allgatherv(call, payload, np.empty(sum(sizes), np.uint8), sizes)
     offsets = np.cumsum([0, *sizes]).tolist()
     return [pickle.loads(buf[a:b].tobytes()) for a, b in itertools.pairwise(offsets)]
 
 
-def bcast_obj(comm: Any, obj: object, root: int) -> Any:
+def bcast_obj(call: Call, obj: object, root: int) -> Any:
     """``root``'s (small) object on every rank, via pickled bytes."""
-    here = comm.Get_rank() == root
+    here = call.comm.Get_rank() == root
     payload = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if here else b""
-    size = bcast(comm, np.array([len(payload)], np.int64), root)[0]
+    size = bcast(call, np.array([len(payload)], np.int64), root)[0]
     buf = np.frombuffer(payload, np.uint8).copy() if here else np.empty(size, np.uint8)
-    return pickle.loads(bcast(comm, buf, root).tobytes())
+    return pickle.loads(bcast(call, buf, root).tobytes())
 
 
-def scatter_obj(comm: Any, objs: Sequence[object] | None, root: int) -> Any:
+def scatter_obj(call: Call, objs: Sequence[object] | None, root: int) -> Any:
     """Object ``objs[rank]`` of ``root`` on every rank, via pickled bytes."""
     pickled = [pickle.dumps(o, pickle.HIGHEST_PROTOCOL) for o in objs] if objs is not None else []
-    sizes = bcast_obj(comm, [len(p) for p in pickled], root)
+    sizes = bcast_obj(call, [len(p) for p in pickled], root)
     send = np.frombuffer(b"".join(pickled), np.uint8) if objs is not None else None
-    buf = scatterv(comm, send, sizes, np.empty(sizes[comm.Get_rank()], np.uint8), root)
+    buf = scatterv(call, send, sizes, np.empty(sizes[call.comm.Get_rank()], np.uint8), root)
     return pickle.loads(buf.tobytes())

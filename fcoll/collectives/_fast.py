@@ -41,6 +41,9 @@ def reset() -> None:
         table.clear()
 
 
+_runtime.on_change(reset)  # fcoll.init and broken groups drop every fast path
+
+
 def eligible(g: Group) -> bool:
     """Whether calls on ``g`` may take a fast path: ``g`` is the live world group, with no
     deadline and no debug checks."""

@@ -17,11 +17,11 @@ Two ways, both with that same per-element order:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from fcoll.backends import mpi as backend
+from fcoll.work import Call
 
 # Per-rank bytes up to which gathering everything beats exchanging blocks (bench/).
 GATHER_LIMIT = 32 << 10
@@ -42,41 +42,41 @@ def blocks(size: int, n: int) -> list[int]:
 
 
 def reduce_scatter(
-    comm: Any, wire: np.ndarray, counts: Sequence[int], ufunc: np.ufunc
+    call: Call, wire: np.ndarray, counts: Sequence[int], ufunc: np.ufunc
 ) -> np.ndarray:
     """Block ``rank`` (``counts[rank]`` elements) of the reduction of flat ``wire``."""
-    n, me, size = comm.Get_size(), comm.Get_rank(), wire.itemsize
+    n, me, size = call.comm.Get_size(), call.comm.Get_rank(), wire.itemsize
     recv = np.empty((n, counts[me]), wire.dtype)
     if counts.count(counts[0]) == n:
-        backend.alltoall(comm, wire, recv)
+        backend.alltoall(call, wire, recv)
     else:
-        backend.alltoallv(comm, wire, [c * size for c in counts], recv, [counts[me] * size] * n)
+        backend.alltoallv(call, wire, [c * size for c in counts], recv, [counts[me] * size] * n)
     return fold(recv, ufunc)
 
 
-def allreduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+def allreduce(call: Call, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """The reduction of every rank's flat ``wire`` on every rank."""
-    n = comm.Get_size()
+    n = call.comm.Get_size()
     if n == 1:
         return wire.copy()
     if wire.nbytes <= GATHER_LIMIT:
-        rows = backend.allgather(comm, wire, np.empty((n, wire.size), wire.dtype))
+        rows = backend.allgather(call, wire, np.empty((n, wire.size), wire.dtype))
         return fold(rows, ufunc)
     counts = blocks(wire.size, n)
-    mine = reduce_scatter(comm, wire, counts, ufunc)
+    mine = reduce_scatter(call, wire, counts, ufunc)
     size = wire.itemsize
     out = np.empty(wire.size, wire.dtype)
-    return backend.allgatherv(comm, mine, out, [c * size for c in counts])
+    return backend.allgatherv(call, mine, out, [c * size for c in counts])
 
 
-def reduce(comm: Any, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarray | None:
+def reduce(call: Call, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarray | None:
     """The reduction of every rank's flat ``wire`` on ``root``; ``None`` elsewhere."""
-    n, size = comm.Get_size(), wire.itemsize
+    n, size = call.comm.Get_size(), wire.itemsize
     if wire.nbytes <= GATHER_LIMIT:
-        rows = np.empty((n, wire.size), wire.dtype) if comm.Get_rank() == root else None
-        got = backend.gatherv(comm, wire, rows, [wire.nbytes] * n, root)
+        rows = np.empty((n, wire.size), wire.dtype) if call.comm.Get_rank() == root else None
+        got = backend.gatherv(call, wire, rows, [wire.nbytes] * n, root)
         return None if got is None else fold(got, ufunc)
     counts = blocks(wire.size, n)
-    mine = reduce_scatter(comm, wire, counts, ufunc)
-    out = np.empty(wire.size, wire.dtype) if comm.Get_rank() == root else None
-    return backend.gatherv(comm, mine, out, [c * size for c in counts], root)
+    mine = reduce_scatter(call, wire, counts, ufunc)
+    out = np.empty(wire.size, wire.dtype) if call.comm.Get_rank() == root else None
+    return backend.gatherv(call, mine, out, [c * size for c in counts], root)

@@ -21,6 +21,7 @@ from fcoll.collectives import _fold
 from fcoll.dtypes import check_dtype, check_op, wire_dtype, wire_op
 from fcoll.group import Group
 from fcoll.ops import PremulSum, ReduceOp, mpi_op, resolve_op
+from fcoll.work import Call
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
@@ -65,24 +66,24 @@ class ReductionPlan:
             return y.view(np.bool_) if self.is_bool else y.astype(self.dtype)
         return y
 
-    def allreduce(self, comm: Any, wire: np.ndarray) -> np.ndarray:
+    def allreduce(self, call: Call, wire: np.ndarray) -> np.ndarray:
         if self.ufunc is None:
-            return backend.allreduce(comm, wire, self.mpi_op)
-        return _fold.allreduce(comm, wire.reshape(-1), self.ufunc).reshape(wire.shape)
+            return backend.allreduce(call, wire, self.mpi_op)
+        return _fold.allreduce(call, wire.reshape(-1), self.ufunc).reshape(wire.shape)
 
-    def reduce(self, comm: Any, wire: np.ndarray, root: int) -> np.ndarray | None:
+    def reduce(self, call: Call, wire: np.ndarray, root: int) -> np.ndarray | None:
         if self.ufunc is None:
-            return backend.reduce(comm, wire, self.mpi_op, root)
-        y = _fold.reduce(comm, wire.reshape(-1), self.ufunc, root)
+            return backend.reduce(call, wire, self.mpi_op, root)
+        y = _fold.reduce(call, wire.reshape(-1), self.ufunc, root)
         return None if y is None else y.reshape(wire.shape)
 
-    def reduce_scatter(self, comm: Any, wire: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    def reduce_scatter(self, call: Call, wire: np.ndarray, counts: Sequence[int]) -> np.ndarray:
         wire = wire.reshape(-1)
         if self.ufunc is not None:
-            return _fold.reduce_scatter(comm, wire, counts, self.ufunc)
+            return _fold.reduce_scatter(call, wire, counts, self.ufunc)
         if len(set(counts)) == 1:
-            return backend.reduce_scatter_block(comm, wire, self.mpi_op)
-        return backend.reduce_scatter(comm, wire, counts, self.mpi_op)
+            return backend.reduce_scatter_block(call, wire, self.mpi_op)
+        return backend.reduce_scatter(call, wire, counts, self.mpi_op)
 
 
 def _fold_ufunc(op: ReduceOp | PremulSum, wire: np.dtype[Any], n: int) -> np.ufunc | None:

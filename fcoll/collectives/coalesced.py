@@ -67,15 +67,15 @@ def all_reduce_coalesced(
     fn = "all_reduce_coalesced"
     if any_cupy(xs, fn, "xs"):
         return gpu.run(fn, all_reduce_coalesced, xs, op, group)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, xs=xs, op=op):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
         plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
         flat = np.concatenate([plan.wire(x).reshape(-1) for x in same])
-        y = plan.finish(plan.allreduce(comm, flat))
+        y = plan.finish(plan.allreduce(call, flat))
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
     return _per_dtype(arrays, run)
@@ -93,13 +93,13 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     fn = "all_gather_into_tensor_coalesced"
     if any_cupy(xs, fn, "xs"):
         return gpu.run(fn, all_gather_into_tensor_coalesced, xs, group)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, xs=xs):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, xs=xs):
         arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
     if not arrays:
         return []
     send = np.concatenate([as_bytes(x) for x in arrays])
-    gathered = backend.allgather(comm, send, np.empty((g.size, send.size), np.uint8))
+    gathered = backend.allgather(call, send, np.empty((g.size, send.size), np.uint8))
     offsets = np.cumsum([0, *(x.nbytes for x in arrays)]).tolist()
     return [
         np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(g.size * x.shape[0], *x.shape[1:])
@@ -121,9 +121,9 @@ def reduce_scatter_tensor_coalesced(
     fn = "reduce_scatter_tensor_coalesced"
     if any_cupy(xs, fn, "xs"):
         return gpu.run(fn, reduce_scatter_tensor_coalesced, xs, op, group)
-    g, comm = member(group, fn)
+    g, call = member(group, fn)
     n = g.size
-    with _debug.checked(g, comm, fn, xs=xs, op=op):
+    with _debug.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
         for i, x in enumerate(arrays):
             if x.ndim == 0 or x.shape[0] % n:
@@ -134,7 +134,7 @@ def reduce_scatter_tensor_coalesced(
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
         blocks = np.concatenate([plan.wire(x).reshape(n, x.size // n) for x in same], axis=1)
-        y = plan.finish(plan.reduce_scatter(comm, blocks.reshape(-1), [blocks.shape[1]] * n))
+        y = plan.finish(plan.reduce_scatter(call, blocks.reshape(-1), [blocks.shape[1]] * n))
         shapes = [(x.shape[0] // n, *x.shape[1:]) for x in same]
         return _split(y, [x.size // n for x in same], shapes)
 

@@ -80,7 +80,7 @@ def scatter(chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
     from fcoll.group import member
 
     fn = "scatter"
-    g, comm = member(group, fn)
+    g, call = member(group, fn)
     root = check_rank(src, g.size, fn, "src")
     if g.rank != root or chunks is None:
         raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
@@ -95,7 +95,7 @@ def scatter(chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
     if len({str(c.dtype) for c in chunks}) > 1:
         raise ValueError(f"{fn}: expected one dtype across chunks, got tensors with different "
                          f"dtypes {sorted({str(c.dtype) for c in chunks})}")
-    backend.scatter_obj(comm, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
+    backend.scatter_obj(call, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
     if gpu_backend() == "nccl":
         from fcoll.collectives import gpu_nccl_lists
 
@@ -104,7 +104,7 @@ def scatter(chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
 
     host = [gpu_mpi.to_host(c) for c in chunks]
     send = np.concatenate([np.ascontiguousarray(h).reshape(-1).view(np.uint8) for h in host])
-    mine = backend.scatterv(comm, send, [h.nbytes for h in host], np.empty_like(host[root]), root)
+    mine = backend.scatterv(call, send, [h.nbytes for h in host], np.empty_like(host[root]), root)
     return gpu_mpi.to_device(mine, int(chunks[root].device.id))
 
 
@@ -122,5 +122,5 @@ def scatter_receive(g: Any, shape: tuple[int, ...], name: str, root: int) -> Any
     from fcoll.backends import mpi as backend
     from fcoll.collectives import gpu_mpi
 
-    out = backend.scatterv(g.comm("scatter"), None, [], np.empty(shape, dtype), root)
+    out = backend.scatterv(g.call, None, [], np.empty(shape, dtype), root)
     return gpu_mpi.to_device(out, int(cupy.cuda.Device().id))

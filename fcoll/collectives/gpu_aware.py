@@ -28,28 +28,28 @@ def _sync() -> Any:
 def all_reduce(x: Any, op: object = "sum", group: Any = None, *, async_op: bool = False) -> Any:
     if async_op:
         return NotImplemented
-    g, comm = member(group, "all_reduce")
+    g, call = member(group, "all_reduce")
     plan = reduction_plan(np.empty(0, x.dtype), op, g, "all_reduce")
     if not plan.direct:
         return NotImplemented
     cupy = _sync()
     with x.device:
         send, out = cupy.ascontiguousarray(x), cupy.empty(x.shape, x.dtype)
-        comm.Allreduce(send, out, plan.mpi_op)
+        call.comm.Allreduce(send, out, plan.mpi_op)
     return out
 
 
 def broadcast(x: Any, src: int = 0, group: Any = None, *, async_op: bool = False) -> Any:
     if async_op:
         return NotImplemented
-    g, comm = member(group, "broadcast")
+    g, call = member(group, "broadcast")
     from fcoll._validate import check_rank
 
     root = check_rank(src, g.size, "broadcast", "src")
     cupy = _sync()
     with x.device:
         buf = cupy.array(x, order="C", copy=True) if g.rank == root else cupy.empty(x.shape, x.dtype)
-        comm.Bcast([buf, backend.BYTE], root)
+        call.comm.Bcast([buf, backend.BYTE], root)
     return buf
 
 
@@ -57,12 +57,12 @@ def all_gather_into_tensor(x: Any, group: Any = None, *, gather_dim: int = 0,
                            sizes: Sequence[int] | str | None = None, async_op: bool = False) -> Any:
     if async_op or sizes is not None or gather_dim != 0 or x.ndim == 0:
         return NotImplemented
-    g, comm = member(group, "all_gather_into_tensor")
+    g, call = member(group, "all_gather_into_tensor")
     cupy = _sync()
     with x.device:
         send = cupy.ascontiguousarray(x)
         out = cupy.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
-        comm.Allgather([send, backend.BYTE], [out, backend.BYTE])
+        call.comm.Allgather([send, backend.BYTE], [out, backend.BYTE])
     return out
 
 
@@ -71,11 +71,11 @@ def all_to_all_single(x: Any, output_split_sizes: Sequence[int] | None = None,
                       async_op: bool = False) -> Any:
     if async_op or output_split_sizes is not None or input_split_sizes is not None or x.ndim == 0:
         return NotImplemented
-    g, comm = member(group, "all_to_all_single")
+    g, call = member(group, "all_to_all_single")
     if x.shape[0] % g.size:
         return NotImplemented  # the staged numpy path raises the documented error
     cupy = _sync()
     with x.device:
         send, out = cupy.ascontiguousarray(x), cupy.empty(x.shape, x.dtype)
-        comm.Alltoall([send, backend.BYTE], [out, backend.BYTE])
+        call.comm.Alltoall([send, backend.BYTE], [out, backend.BYTE])
     return out

@@ -183,7 +183,7 @@ def all_gather_into_tensor(x: Any, group: Any = None, *, gather_dim: int = 0,
         if checked is not None and checked[g.rank] != x.shape[dim]:
             raise ValueError(f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
                              f"{checked[g.rank]}, got shape {x.shape}")
-        meta = mpi_backend.allgather_obj(g.comm(fn), (x.shape, str(x.dtype), checked))
+        meta = mpi_backend.allgather_obj(g.call, (x.shape, str(x.dtype), checked))
         problem = _sizes_problem(meta, dim)
         if problem is not None:
             raise ValueError(f"{fn}: ranks disagree: {problem}")
@@ -226,7 +226,7 @@ def all_to_all_single(x: Any, output_split_sizes: Sequence[int] | None = None,
     if output_split_sizes is not None or input_split_sizes is not None:
         outs = None if output_split_sizes is None else check_sizes(
             output_split_sizes, n, fn, "output_split_sizes")
-        meta = mpi_backend.allgather_obj(g.comm(fn), (ins, outs, x.shape[1:], str(x.dtype)))
+        meta = mpi_backend.allgather_obj(g.call, (ins, outs, x.shape[1:], str(x.dtype)))
         problem = _split_problem(meta)
         if problem is not None:
             raise ValueError(f"{fn}: ranks disagree: {problem}")

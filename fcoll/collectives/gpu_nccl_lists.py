@@ -37,7 +37,7 @@ def _nbytes(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
 def all_gather(x: Any, group: Any = None) -> list[Any]:
     fn = "all_gather"
     g, comm = _setup(group, x, fn)
-    meta = mpi_backend.allgather_obj(g.comm(fn), _meta(x))
+    meta = mpi_backend.allgather_obj(g.call, _meta(x))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     with x.device:
@@ -50,7 +50,7 @@ def gather(x: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
     fn = "gather"
     g, comm = _setup(group, x, fn)
     root = check_rank(dst, g.size, fn, "dst")
-    meta = mpi_backend.allgather_obj(g.comm(fn), _meta(x))
+    meta = mpi_backend.allgather_obj(g.call, _meta(x))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     with x.device:
@@ -84,7 +84,7 @@ def all_to_all(chunks: Sequence[Any], group: Any = None) -> list[Any]:
         raise ValueError(f"{fn}: expected chunks to hold {g.size} arrays (one per group rank), "
                          f"got {len(chunks)}")
     _, comm = _setup(group, chunks[0], fn)
-    meta = mpi_backend.allgather_obj(g.comm(fn), [_meta(c) for c in chunks])
+    meta = mpi_backend.allgather_obj(g.call, [_meta(c) for c in chunks])
     dtype = _one_dtype([row[0][1] for row in meta], fn)
     shapes = [meta[p][g.rank][0] for p in range(g.size)]
     with chunks[0].device:

@@ -46,14 +46,14 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
     fn = "all_gather"
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run(fn, all_gather, x, group)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, x=x):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, x=x):
         check_array(x, fn)
-    meta = backend.allgather_obj(comm, _meta(x))
+    meta = backend.allgather_obj(call, _meta(x))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
-    buf = backend.allgatherv(comm, c_order(x), np.empty(sum(counts), np.uint8), counts)
+    buf = backend.allgatherv(call, c_order(x), np.empty(sum(counts), np.uint8), counts)
     return split_bytes(buf, dtype, shapes)
 
 
@@ -68,16 +68,16 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
     fn = "gather"
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run(fn, gather, x, dst, group)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, x=x, dst=dst):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, x=x, dst=dst):
         root = check_rank(dst, g.size, fn, "dst")
         check_array(x, fn)
-    meta = backend.allgather_obj(comm, _meta(x))
+    meta = backend.allgather_obj(call, _meta(x))
     dtype = _one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
     out = np.empty(sum(counts), np.uint8) if g.rank == root else None
-    buf = backend.gatherv(comm, c_order(x), out, counts, root)
+    buf = backend.gatherv(call, c_order(x), out, counts, root)
     return None if buf is None else split_bytes(buf, dtype, shapes)
 
 
@@ -92,23 +92,23 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
     fn = "scatter"
     if any_cupy(chunks, fn, "chunks"):
         return gpu.scatter(chunks, src, group)  # type: ignore[no-any-return]
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, src=src):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, src=src):
         root = check_rank(src, g.size, fn, "src")
         if g.rank != root and chunks is not None:
             raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
                              f"got {type(chunks).__name__} on rank {g.rank}")
         arrays = check_arrays(chunks, g.size, fn, "chunks") if g.rank == root else []
     if g.rank != root:
-        shape, name = backend.scatter_obj(comm, None, root)
+        shape, name = backend.scatter_obj(call, None, root)
         if name.startswith(gpu.TAG):  # the root scatters cupy arrays: receive on the GPU
             return gpu.scatter_receive(g, shape, name, root)  # type: ignore[no-any-return]
         dtype = dtype_from_name(name)
-        return backend.scatterv(comm, None, [], np.empty(shape, dtype), root)
-    backend.scatter_obj(comm, [_meta(a) for a in arrays], root)
+        return backend.scatterv(call, None, [], np.empty(shape, dtype), root)
+    backend.scatter_obj(call, [_meta(a) for a in arrays], root)
     counts = [a.nbytes for a in arrays]
     send = np.concatenate([as_bytes(a) for a in arrays])
-    return backend.scatterv(comm, send, counts, np.empty_like(arrays[root], order="C"), root)
+    return backend.scatterv(call, send, counts, np.empty_like(arrays[root], order="C"), root)
 
 
 def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.ndarray]:
@@ -123,14 +123,14 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     fn = "all_to_all"
     if any_cupy(chunks, fn, "chunks"):
         return gpu.run(fn, all_to_all, chunks, group)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, chunks=chunks):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
-    meta = backend.allgather_obj(comm, [_meta(a) for a in arrays])
+    meta = backend.allgather_obj(call, [_meta(a) for a in arrays])
     dtype = _one_dtype([row[0][1] for row in meta], fn)
     shapes = [meta[p][g.rank][0] for p in range(g.size)]
     send = np.concatenate([as_bytes(a) for a in arrays])
     counts = [nbytes_of(s, dtype) for s in shapes]
-    buf = backend.alltoallv(comm, send, [a.nbytes for a in arrays],
+    buf = backend.alltoallv(call, send, [a.nbytes for a in arrays],
                             np.empty(sum(counts), np.uint8), counts)
     return split_bytes(buf, dtype, shapes)

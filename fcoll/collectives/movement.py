@@ -19,7 +19,7 @@ from fcoll.collectives import _fast, gpu
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.group import Group, member
-from fcoll.work import Work, complete_pending
+from fcoll.work import Call, Work, complete_pending
 
 GroupArg = Group | Sequence[int] | None
 
@@ -49,20 +49,20 @@ def broadcast(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
-    g, comm = member(group, "broadcast")
+    g, call = member(group, "broadcast")
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("broadcast", broadcast, x, src, group, async_op=async_op)
-    with _debug.checked(g, comm, "broadcast", x=x, src=src):
+    with _debug.checked(g, call, "broadcast", x=x, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
         _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root)
     if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
-        return backend.bcast_copy(comm, x, root)
+        return backend.bcast_copy(call, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
     if async_op:
-        return launch("broadcast", g, backend.ibcast(comm, buf, root), lambda: buf, buf)
-    return backend.bcast(comm, buf, root)
+        return launch("broadcast", g, backend.ibcast(call, buf, root), lambda: buf, buf)
+    return backend.bcast(call, buf, root)
 
 
 def barrier(group: GroupArg = None) -> None:
@@ -74,11 +74,11 @@ def barrier(group: GroupArg = None) -> None:
     Example:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
-    g, comm = member(group, "barrier")
-    with _debug.checked(g, comm, "barrier"):
+    g, call = member(group, "barrier")
+    with _debug.checked(g, call, "barrier"):
         pass
-    complete_pending(g, backend.DEADLINE)
-    backend.barrier(comm)
+    complete_pending(call)
+    backend.barrier(call)
 
 
 def _gathered_shape(x: np.ndarray, dim: int, total: int) -> tuple[int, ...]:
@@ -107,10 +107,10 @@ def _sizes_problem(meta: list[Any], dim: int) -> str | None:
 
 
 def _all_gather_v(
-    comm: Any, g: Group, x: np.ndarray, dim: int, sizes: list[int] | None, async_op: bool
+    call: Call, g: Group, x: np.ndarray, dim: int, sizes: list[int] | None, async_op: bool
 ) -> np.ndarray | Work:
     fn = "all_gather_into_tensor"
-    meta = backend.allgather_obj(comm, (x.shape, str(x.dtype), sizes))
+    meta = backend.allgather_obj(call, (x.shape, str(x.dtype), sizes))
     problem = _sizes_problem(meta, dim)
     if problem is not None:
         raise ValueError(f"{fn}: ranks disagree: {problem}")
@@ -120,9 +120,9 @@ def _all_gather_v(
     send, counts = c_order(dim_first(x, dim)), [s * row for s in lengths]
     if async_op:
         send = private(send, x)
-        request = backend.iallgatherv(comm, send, out, counts)
+        request = backend.iallgatherv(call, send, out, counts)
         return launch(fn, g, request, lambda: dim_back(out, dim), send)
-    return dim_back(backend.allgatherv(comm, send, out, counts), dim)
+    return dim_back(backend.allgatherv(call, send, out, counts), dim)
 
 
 @overload
@@ -176,8 +176,8 @@ def all_gather_into_tensor(
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run(fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
                        async_op=async_op)
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, x=x, gather_dim=gather_dim, sizes=sizes):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, x=x, gather_dim=gather_dim, sizes=sizes):
         check_array(x, fn)
         flat = x.reshape(1) if x.ndim == 0 else x
         dim = check_dim(flat, gather_dim, fn, "gather_dim")
@@ -185,17 +185,17 @@ def all_gather_into_tensor(
     if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
         if type(gather_dim) is int:
             _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE)
-        return backend.allgather(comm, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
+        return backend.allgather(call, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
     x = flat
     if sizes is None:
         out = np.empty(_gathered_shape(x, dim, x.shape[dim] * g.size), x.dtype)
         send = c_order(dim_first(x, dim))
         if async_op:
             send = private(send, x)
-            request = backend.iallgather(comm, send, out)
+            request = backend.iallgather(call, send, out)
             return launch(fn, g, request, lambda: dim_back(out, dim), send)
-        return dim_back(backend.allgather(comm, send, out), dim)
-    return _all_gather_v(comm, g, x, dim, checked, async_op)
+        return dim_back(backend.allgather(call, send, out), dim)
+    return _all_gather_v(call, g, x, dim, checked, async_op)
 
 
 def _checked_sizes(x: np.ndarray, dim: int, sizes: object, g: Group,
@@ -306,18 +306,18 @@ def all_to_all_single(
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run(fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
                        async_op=async_op)
-    g, comm = member(group, fn)
+    g, call = member(group, fn)
     n = g.size
-    with _debug.checked(g, comm, fn, x=x, output_split_sizes=output_split_sizes,
+    with _debug.checked(g, call, fn, x=x, output_split_sizes=output_split_sizes,
                         input_split_sizes=input_split_sizes):
         ins, outs = _splits(x, output_split_sizes, input_split_sizes, n)
     if output_split_sizes is None and input_split_sizes is None:  # the common case
         if async_op:
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
-            return launch(fn, g, backend.ialltoall(comm, send, out), lambda: out, send)
+            return launch(fn, g, backend.ialltoall(call, send, out), lambda: out, send)
         _fast.learn(_fast.ALL_TO_ALL, x.dtype, g, _fast.all_to_all, backend.BYTE)
-        return backend.alltoall(comm, c_order(x), np.empty(x.shape, x.dtype))
-    meta = backend.allgather_obj(comm, (ins, outs, x.shape[1:], str(x.dtype)))
+        return backend.alltoall(call, c_order(x), np.empty(x.shape, x.dtype))
+    meta = backend.allgather_obj(call, (ins, outs, x.shape[1:], str(x.dtype)))
     problem = _split_problem(meta)
     if problem is not None:
         raise ValueError(f"{fn}: ranks disagree: {problem}")
@@ -328,6 +328,6 @@ def all_to_all_single(
     recv_counts = [s * row for s in received]
     if async_op:
         send = private(send, x)
-        request = backend.ialltoallv(comm, send, send_counts, out, recv_counts)
+        request = backend.ialltoallv(call, send, send_counts, out, recv_counts)
         return launch(fn, g, request, lambda: out, send)
-    return backend.alltoallv(comm, send, send_counts, out, recv_counts)
+    return backend.alltoallv(call, send, send_counts, out, recv_counts)

@@ -28,7 +28,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives._fold import GATHER_LIMIT, blocks, fold
 from fcoll.collectives._plan import ReductionPlan
 from fcoll.group import Group
-from fcoll.work import Operation, RequestOperation, Work
+from fcoll.work import Call, Operation, RequestOperation, Work
 
 
 def private(buf: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -44,19 +44,19 @@ def launch(name: str, group: Group, request: Any, result: Callable[[], Any],
     return Work(RequestOperation(name, group, request, result, keep))
 
 
-def all_reduce(comm: Any, group: Group, plan: ReductionPlan, x: np.ndarray, *,
+def all_reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, *,
                owned: bool = False) -> Work:
     """``owned``: ``x`` is fcoll's own (e.g. a dp bucket), so it needs no snapshot copy."""
     wire = plan.wire(x) if owned else private(plan.wire(x), x)
     if plan.ufunc is None:
         out = np.empty(wire.shape, wire.dtype)
-        request = backend.iallreduce(comm, wire, out, plan.mpi_op)
+        request = backend.iallreduce(call, wire, out, plan.mpi_op)
         return launch("all_reduce", group, request, lambda: plan.finish(out), wire)
     if wire.nbytes > GATHER_LIMIT:
-        return Work(_FoldedAllReduce(comm, group, plan, wire))
+        return Work(_FoldedAllReduce(call, group, plan, wire))
     rows = np.empty((group.size, wire.size), wire.dtype)
     ufunc = plan.ufunc
-    request = backend.iallgather(comm, wire, rows)
+    request = backend.iallgather(call, wire, rows)
     return launch("all_reduce", group, request,
                   lambda: plan.finish(fold(rows, ufunc).reshape(wire.shape)), wire)
 
@@ -65,9 +65,9 @@ class _FoldedAllReduce(Operation):
     """A large folded all-reduce in two nonblocking steps (module docstring): moves
     2(n-1)/n of the bytes per rank, where all-gathering everything moves n-1 times them."""
 
-    def __init__(self, comm: Any, group: Group, plan: ReductionPlan, wire: np.ndarray) -> None:
+    def __init__(self, call: Call, group: Group, plan: ReductionPlan, wire: np.ndarray) -> None:
         if group.side_comm is None:  # every rank makes this call in the same order: safe
-            group.side_comm = comm.Dup()
+            group.side_comm = call.comm.Dup()
         super().__init__("all_reduce", group)
         n, me = group.size, group.rank
         self._plan, self._shape, self._wire = plan, wire.shape, wire.reshape(-1)
@@ -75,9 +75,9 @@ class _FoldedAllReduce(Operation):
         size = wire.itemsize
         self._recv = np.empty((n, self._counts[me]), wire.dtype)
         if self._counts.count(self._counts[0]) == n:
-            self._request = backend.ialltoall(comm, self._wire, self._recv)
+            self._request = backend.ialltoall(call, self._wire, self._recv)
         else:
-            self._request = backend.ialltoallv(comm, self._wire, [c * size for c in self._counts],
+            self._request = backend.ialltoallv(call, self._wire, [c * size for c in self._counts],
                                                self._recv, [self._counts[me] * size] * n)
         self._out = np.empty(self._wire.size, wire.dtype)
         self._tag = self.seq % 32768
@@ -114,33 +114,33 @@ class _FoldedAllReduce(Operation):
         self.value = self._plan.finish(self._out.reshape(self._shape))
 
 
-def reduce(comm: Any, group: Group, plan: ReductionPlan, x: np.ndarray, root: int) -> Work:
+def reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, root: int) -> Work:
     wire = private(plan.wire(x), x)
     here = group.rank == root
     if plan.ufunc is None:
         out = np.empty(wire.shape, wire.dtype) if here else None
-        request = backend.ireduce(comm, wire, out, plan.mpi_op, root)
+        request = backend.ireduce(call, wire, out, plan.mpi_op, root)
         return launch("reduce", group, request,
                       lambda: None if out is None else plan.finish(out), wire)
     rows = np.empty((group.size, wire.size), wire.dtype) if here else None
     ufunc = plan.ufunc
-    request = backend.igather(comm, wire, rows, root)
+    request = backend.igather(call, wire, rows, root)
     return launch("reduce", group, request, lambda: None if rows is None else plan.finish(
         fold(rows, ufunc).reshape(wire.shape)), wire)
 
 
-def reduce_scatter(comm: Any, group: Group, plan: ReductionPlan, x: np.ndarray,
+def reduce_scatter(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray,
                    blocks: np.ndarray, shape: tuple[int, ...]) -> Work:
     """``blocks``: ``x`` laid out with the scatter blocks first; ``shape``: the result's."""
     wire = private(plan.wire(blocks), x)
     n = group.size
     if plan.ufunc is None:
         out = np.empty(wire.size // n, wire.dtype)
-        request = backend.ireduce_scatter_block(comm, wire, out, plan.mpi_op)
+        request = backend.ireduce_scatter_block(call, wire, out, plan.mpi_op)
         return launch("reduce_scatter_tensor", group, request,
                       lambda: plan.finish(out).reshape(shape), wire)
     rows = np.empty((n, wire.size // n), wire.dtype)
     ufunc = plan.ufunc
-    request = backend.ialltoall(comm, wire, rows)
+    request = backend.ialltoall(call, wire, rows)
     return launch("reduce_scatter_tensor", group, request,
                   lambda: plan.finish(fold(rows, ufunc)).reshape(shape), wire)

@@ -58,16 +58,16 @@ def all_reduce(
             return y
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("all_reduce", all_reduce, x, op, group, async_op=async_op)
-    g, comm = member(group, "all_reduce")
-    with _debug.checked(g, comm, "all_reduce", x=x, op=op):
+    g, call = member(group, "all_reduce")
+    with _debug.checked(g, call, "all_reduce", x=x, op=op):
         plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
-        return nonblocking.all_reduce(comm, g, plan, x)
+        return nonblocking.all_reduce(call, g, plan, x)
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
         if type(op) is str:
             _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.mpi_op)
-        return backend.allreduce(comm, x, plan.mpi_op)
-    return plan.finish(plan.allreduce(comm, plan.wire(x)))
+        return backend.allreduce(call, x, plan.mpi_op)
+    return plan.finish(plan.allreduce(call, plan.wire(x)))
 
 
 @overload
@@ -97,13 +97,13 @@ def reduce(
     """
     if type(x) is not np.ndarray and is_cupy(x):
         return gpu.run("reduce", reduce, x, dst, op, group, async_op=async_op)
-    g, comm = member(group, "reduce")
-    with _debug.checked(g, comm, "reduce", x=x, dst=dst, op=op):
+    g, call = member(group, "reduce")
+    with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
         root = check_rank(dst, g.size, "reduce", "dst")
         plan = reduction_plan(x, op, g, "reduce")
     if async_op:
-        return nonblocking.reduce(comm, g, plan, x, root)
-    y = plan.reduce(comm, plan.wire(x), root)
+        return nonblocking.reduce(call, g, plan, x, root)
+    y = plan.reduce(call, plan.wire(x), root)
     return None if y is None else plan.finish(y)
 
 
@@ -155,9 +155,9 @@ def reduce_scatter_tensor(
         return gpu.run("reduce_scatter_tensor", reduce_scatter_tensor, x, op, group, scatter_dim=scatter_dim,
                        async_op=async_op)
     fn = "reduce_scatter_tensor"
-    g, comm = member(group, fn)
+    g, call = member(group, fn)
     n = g.size
-    with _debug.checked(g, comm, fn, x=x, op=op, scatter_dim=scatter_dim):
+    with _debug.checked(g, call, fn, x=x, op=op, scatter_dim=scatter_dim):
         plan = reduction_plan(x, op, g, fn)
         dim = check_dim(x, scatter_dim, fn, "scatter_dim")
         if x.shape[dim] % n:
@@ -166,12 +166,12 @@ def reduce_scatter_tensor(
     if not async_op and plan.direct and dim == 0 and x.flags.c_contiguous:  # the common case
         if type(op) is str and type(scatter_dim) is int:
             _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.mpi_op)
-        return backend.reduce_scatter_block(comm, x, plan.mpi_op)
+        return backend.reduce_scatter_block(call, x, plan.mpi_op)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     if async_op:
-        return nonblocking.reduce_scatter(comm, g, plan, x, blocks, out_shape)
-    y = plan.reduce_scatter(comm, plan.wire(blocks), [x.size // n] * n)
+        return nonblocking.reduce_scatter(call, g, plan, x, blocks, out_shape)
+    y = plan.reduce_scatter(call, plan.wire(blocks), [x.size // n] * n)
     return plan.finish(y).reshape(out_shape)
 
 
@@ -189,10 +189,10 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
     if any_cupy(chunks, "reduce_scatter", "chunks"):
         return gpu.run("reduce_scatter", reduce_scatter, chunks, op, group)
     fn = "reduce_scatter"
-    g, comm = member(group, fn)
-    with _debug.checked(g, comm, fn, chunks=chunks, op=op):
+    g, call = member(group, fn)
+    with _debug.checked(g, call, fn, chunks=chunks, op=op):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
         plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])
-    y = plan.reduce_scatter(comm, flat, [a.size for a in arrays])
+    y = plan.reduce_scatter(call, flat, [a.size for a in arrays])
     return plan.finish(y).reshape(arrays[g.rank].shape)
