@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from fcoll.dtypes import SUPPORTED, check_dtype
+from fcoll.dtypes import SUPPORTED, check_dtype, dtype_from_name
 
 
 def check_array(x: object, fn: str, name: str = "x") -> np.ndarray:
@@ -75,3 +76,68 @@ def check_sizes(sizes: object, n: int, fn: str, name: str) -> list[int]:
     if any(s < 0 for s in sizes):
         raise ValueError(f"{fn}: expected non-negative {name}, got {list(sizes)}")
     return [int(s) for s in sizes]
+
+
+# Checks of what every rank sent about its call (metadata gathered over MPI): every rank
+# holds the same list and finds the same problem, so all raise together.
+
+
+def sizes_problem(meta: list[Any], dim: int) -> str | None:
+    """What disagrees in every rank's all-gather-v metadata ``(shape, dtype, sizes)``.
+
+    Every rank holds the same ``meta`` and so finds the same problem: all raise together.
+    """
+    shape0, dtype0, _ = meta[0]
+    rest0 = shape0[:dim] + shape0[dim + 1 :]
+    for p, (shape, dtype, sizes) in enumerate(meta):
+        if dtype != dtype0 or len(shape) != len(shape0) or shape[:dim] + shape[dim + 1 :] != rest0:
+            return (
+                f"rank {p} passed shape {shape} {dtype}, rank 0 passed {shape0} {dtype0} "
+                "(only gather_dim may differ)"
+            )
+        for q, (q_shape, _, _) in enumerate(meta if sizes is not None else ()):
+            if sizes[q] != q_shape[dim]:
+                return f"rank {p} passed sizes[{q}] = {sizes[q]} but rank {q} passed x of shape {q_shape}"
+    return None
+
+
+def split_problem(meta: list[Any]) -> str | None:
+    """What disagrees in every rank's all_to_all_single metadata ``(in, out, row, dtype)``.
+
+    Every rank holds the same ``meta`` and so finds the same problem: all raise together.
+    """
+    _, _, row0, dtype0 = meta[0]
+    for p, (_, outs, row, dtype) in enumerate(meta):
+        if (row, dtype) != (row0, dtype0):
+            return f"rank {p} passed rows of shape {row} {dtype}, rank 0 {row0} {dtype0}"
+        for q, (q_ins, _, _, _) in enumerate(meta if outs is not None else ()):
+            if outs[q] != q_ins[p]:
+                return (
+                    f"rank {p} expects output_split_sizes[{q}] = {outs[q]} rows but "
+                    f"rank {q} sends {q_ins[p]} (its input_split_sizes[{p}])"
+                )
+    return None
+
+
+def one_dtype(dtypes: list[str], fn: str) -> np.dtype[Any]:
+    if len(set(dtypes)) > 1:
+        detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(dtypes))
+        raise ValueError(f"{fn}: expected one dtype on every rank, got tensors with different "
+                         f"dtypes ({detail})")
+    return dtype_from_name(dtypes[0])
+
+
+def check_permutation(src_dst: object, n: int, fn: str) -> list[int | None]:
+    if isinstance(src_dst, (str, bytes)) or not isinstance(src_dst, Sequence):
+        raise TypeError(f"{fn}: expected src_dst to be a list of ranks or None, "
+                        f"got {type(src_dst).__name__}")
+    if len(src_dst) != n:
+        raise ValueError(f"{fn}: expected src_dst to have {n} entries (the group's size), "
+                         f"got {len(src_dst)}")
+    targets = [None if d is None else check_rank(d, n, fn, f"src_dst[{i}]")
+               for i, d in enumerate(src_dst)]
+    chosen = [d for d in targets if d is not None]
+    if len(chosen) != len(set(chosen)):
+        raise ValueError(f"{fn}: expected each rank to receive from at most one rank, "
+                         f"got src_dst={list(src_dst)}")
+    return targets

@@ -20,7 +20,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import is_cupy
 from fcoll._runtime import mpi
-from fcoll._validate import check_array, check_rank
+from fcoll._validate import check_array, check_permutation, check_rank
 from fcoll.collectives import gpu_mpi
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
@@ -286,22 +286,6 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     ]
 
 
-def _permutation(src_dst: object, n: int, fn: str) -> list[int | None]:
-    if isinstance(src_dst, (str, bytes)) or not isinstance(src_dst, Sequence):
-        raise TypeError(f"{fn}: expected src_dst to be a list of ranks or None, "
-                        f"got {type(src_dst).__name__}")
-    if len(src_dst) != n:
-        raise ValueError(f"{fn}: expected src_dst to have {n} entries (the group's size), "
-                         f"got {len(src_dst)}")
-    targets = [None if d is None else check_rank(d, n, fn, f"src_dst[{i}]")
-               for i, d in enumerate(src_dst)]
-    chosen = [d for d in targets if d is not None]
-    if len(chosen) != len(set(chosen)):
-        raise ValueError(f"{fn}: expected each rank to receive from at most one rank, "
-                         f"got src_dst={list(src_dst)}")
-    return targets
-
-
 def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg = None) -> np.ndarray:
     """Rank ``i`` sends ``x`` to rank ``src_dst[i]`` (``None``: sends nothing); a rank
     that receives nothing gets zeros. Every rank passes the same shape and dtype.
@@ -318,7 +302,7 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, src_dst=src_dst):
         check_array(x, fn)
-        targets = _permutation(src_dst, g.size, fn)
+        targets = check_permutation(src_dst, g.size, fn)
     dst = targets[g.rank]
     senders = [i for i, d in enumerate(targets) if d == g.rank]
     if dst == g.rank:

@@ -11,46 +11,29 @@ from typing import Any, TypeVar
 import numpy as np
 
 from fcoll._dispatch import gpu_backend
-from fcoll.work import Operation, Work
+from fcoll.collectives import gpu_mpi, gpu_nccl, gpu_nccl_lists
+
+# The NCCL implementation of each public collective that has one (the others, e.g.
+# reduce_scatter on lists, go through gpu_mpi). Named here so that a reader (and a
+# static tool) can go from a public function to its NCCL call.
+NCCL: dict[str, Callable[..., Any]] = {
+    "all_reduce": gpu_nccl.all_reduce,
+    "reduce": gpu_nccl.reduce,
+    "reduce_scatter_tensor": gpu_nccl.reduce_scatter_tensor,
+    "reduce_scatter": gpu_nccl.reduce_scatter,
+    "broadcast": gpu_nccl.broadcast,
+    "all_gather_into_tensor": gpu_nccl.all_gather_into_tensor,
+    "all_to_all_single": gpu_nccl.all_to_all_single,
+    "all_gather": gpu_nccl_lists.all_gather,
+    "gather": gpu_nccl_lists.gather,
+    "all_to_all": gpu_nccl_lists.all_to_all,
+    "all_reduce_coalesced": gpu_nccl_lists.all_reduce_coalesced,
+    "reduce_scatter_tensor_coalesced": gpu_nccl_lists.reduce_scatter_tensor_coalesced,
+    "all_gather_into_tensor_coalesced": gpu_nccl_lists.all_gather_into_tensor_coalesced,
+    "permute_tensor": gpu_nccl_lists.permute_tensor,
+}
 
 R = TypeVar("R")
-
-
-class EventOperation(Operation):
-    """GPU work enqueued on a stream, marked by a CUDA event recorded after it.
-
-    Completing it never blocks the host: the current stream waits on the event.
-    """
-
-    def __init__(self, name: str, group: Any, event: Any, value: Any) -> None:
-        super().__init__(name, group)
-        self._event = event
-        self._value = value
-
-    def _advance(self) -> bool:
-        if self._event.done:  # cudaEventQuery: never blocks
-            self.value = self._value
-            return True
-        return False
-
-    def finish(self, timeout: float | None) -> Any:
-        """Make cupy's current stream wait for the event, and return the result at once."""
-        if not self.done:
-            import cupy
-
-            cupy.cuda.get_current_stream().wait_event(self._event)
-            self.value = self._value
-            self._complete()
-        return self.value
-
-
-def event_work(name: str, group: Any, value: Any) -> Work:
-    """A `Work` for GPU work just enqueued on the current stream, with result ``value``."""
-    import cupy
-
-    event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
-    event.record(cupy.cuda.get_current_stream())
-    return Work(EventOperation(name, group, event, value))
 
 
 def run(name: str, numpy_fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
@@ -59,13 +42,9 @@ def run(name: str, numpy_fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     ``numpy_fn`` is the public function itself, which the MPI path calls on host copies.
     """
     if gpu_backend() == "nccl":
-        from fcoll.collectives import gpu_nccl, gpu_nccl_lists
-
-        impl = getattr(gpu_nccl, name, None) or getattr(gpu_nccl_lists, name, None)
+        impl = NCCL.get(name)
         if impl is not None:
             return impl(*args, **kwargs)  # type: ignore[no-any-return]
-    from fcoll.collectives import gpu_mpi
-
     return gpu_mpi.run(name, numpy_fn, *args, **kwargs)  # type: ignore[no-any-return]
 
 
@@ -97,11 +76,7 @@ def scatter(chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
                          f"dtypes {sorted({str(c.dtype) for c in chunks})}")
     backend.scatter_obj(call, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
     if gpu_backend() == "nccl":
-        from fcoll.collectives import gpu_nccl_lists
-
         return gpu_nccl_lists.scatter_send(g, chunks, root)
-    from fcoll.collectives import gpu_mpi
-
     host = [gpu_mpi.to_host(c) for c in chunks]
     send = np.concatenate([np.ascontiguousarray(h).reshape(-1).view(np.uint8) for h in host])
     mine = backend.scatterv(call, send, [h.nbytes for h in host], np.empty_like(host[root]), root)
@@ -114,13 +89,10 @@ def scatter_receive(g: Any, shape: tuple[int, ...], name: str, root: int) -> Any
 
     dtype = dtype_from_name(name[len(TAG):])
     if gpu_backend() == "nccl":
-        from fcoll.collectives import gpu_nccl_lists
-
         return gpu_nccl_lists.scatter_receive(g, shape, dtype, root)
     import cupy
 
     from fcoll.backends import mpi as backend
-    from fcoll.collectives import gpu_mpi
 
     out = backend.scatterv(g.call, None, [], np.empty(shape, dtype), root)
     return gpu_mpi.to_device(out, int(cupy.cuda.Device().id))

@@ -8,7 +8,7 @@ not know cupy's streams, and MPI's blocking call returns with the result written
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,3 +79,12 @@ def all_to_all_single(x: Any, output_split_sizes: Sequence[int] | None = None,
         send, out = cupy.ascontiguousarray(x), cupy.empty(x.shape, x.dtype)
         call.comm.Alltoall([send, backend.BYTE], [out, backend.BYTE])
     return out
+
+
+# The single-message collectives that hand device buffers to a CUDA-aware MPI.
+DIRECT: dict[str, Callable[..., Any]] = {
+    "all_reduce": all_reduce,
+    "broadcast": broadcast,
+    "all_gather_into_tensor": all_gather_into_tensor,
+    "all_to_all_single": all_to_all_single,
+}

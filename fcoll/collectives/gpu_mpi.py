@@ -78,9 +78,9 @@ def run(name: str, numpy_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     """``numpy_fn(*args, **kwargs)`` on host copies, or on device buffers where MPI is
     CUDA-aware and the call is a single-message one; the result on the input's device."""
     if aware():
-        from fcoll.collectives import gpu_aware
+        from fcoll.collectives import gpu_aware  # imports the transport: only when used
 
-        direct = getattr(gpu_aware, name, None)
+        direct = gpu_aware.DIRECT.get(name)
         if direct is not None:
             result = direct(*args, **kwargs)
             if result is not NotImplemented:

@@ -15,13 +15,12 @@ from typing import Any
 import numpy as np
 
 from fcoll._nccl_policy import NcclPlan, nccl_plan
-from fcoll._validate import check_dim, check_rank, check_sizes
+from fcoll._validate import check_dim, check_rank, check_sizes, sizes_problem, split_problem
 from fcoll.backends import mpi as mpi_backend
 from fcoll.backends import nccl
-from fcoll.collectives.gpu import event_work
-from fcoll.collectives.movement import _sizes_problem, _split_problem
 from fcoll.dtypes import check_dtype
 from fcoll.group import Group, member
+from fcoll.work import event_work
 
 UINT8 = 1  # ncclUint8
 
@@ -184,7 +183,7 @@ def all_gather_into_tensor(x: Any, group: Any = None, *, gather_dim: int = 0,
             raise ValueError(f"{fn}: expected x.shape[{gather_dim}] == sizes[{g.rank}] == "
                              f"{checked[g.rank]}, got shape {x.shape}")
         meta = mpi_backend.allgather_obj(g.call, (x.shape, str(x.dtype), checked))
-        problem = _sizes_problem(meta, dim)
+        problem = sizes_problem(meta, dim)
         if problem is not None:
             raise ValueError(f"{fn}: ranks disagree: {problem}")
         lengths = [m[0][dim] for m in meta]
@@ -227,7 +226,7 @@ def all_to_all_single(x: Any, output_split_sizes: Sequence[int] | None = None,
         outs = None if output_split_sizes is None else check_sizes(
             output_split_sizes, n, fn, "output_split_sizes")
         meta = mpi_backend.allgather_obj(g.call, (ins, outs, x.shape[1:], str(x.dtype)))
-        problem = _split_problem(meta)
+        problem = split_problem(meta)
         if problem is not None:
             raise ValueError(f"{fn}: ranks disagree: {problem}")
         received = [meta[p][0][g.rank] for p in range(n)]

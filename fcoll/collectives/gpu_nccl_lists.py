@@ -13,13 +13,11 @@ from typing import Any
 import numpy as np
 
 from fcoll._nccl_policy import nccl_plan
-from fcoll._validate import check_rank
+from fcoll._validate import check_permutation, check_rank, one_dtype
 from fcoll.backends import mpi as mpi_backend
 from fcoll.backends import nccl
 from fcoll.collectives.gpu_nccl import UINT8, _bytes, _cp, _exchange, _finish, _setup, _wire
-from fcoll.collectives.lists import _one_dtype
 from fcoll.group import Group, member
-from fcoll.p2p import _permutation
 
 
 def _meta(x: Any) -> tuple[tuple[int, ...], str]:
@@ -38,7 +36,7 @@ def all_gather(x: Any, group: Any = None) -> list[Any]:
     fn = "all_gather"
     g, comm = _setup(group, x, fn)
     meta = mpi_backend.allgather_obj(g.call, _meta(x))
-    dtype = _one_dtype([d for _, d in meta], fn)
+    dtype = one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     with x.device:
         data = _bytes(x)
@@ -51,7 +49,7 @@ def gather(x: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
     g, comm = _setup(group, x, fn)
     root = check_rank(dst, g.size, fn, "dst")
     meta = mpi_backend.allgather_obj(g.call, _meta(x))
-    dtype = _one_dtype([d for _, d in meta], fn)
+    dtype = one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     with x.device:
         sizes = [_nbytes(s, dtype) for s in shapes] if g.rank == root else []
@@ -85,7 +83,7 @@ def all_to_all(chunks: Sequence[Any], group: Any = None) -> list[Any]:
                          f"got {len(chunks)}")
     _, comm = _setup(group, chunks[0], fn)
     meta = mpi_backend.allgather_obj(g.call, [_meta(c) for c in chunks])
-    dtype = _one_dtype([row[0][1] for row in meta], fn)
+    dtype = one_dtype([row[0][1] for row in meta], fn)
     shapes = [meta[p][g.rank][0] for p in range(g.size)]
     with chunks[0].device:
         sends = [(_bytes(c), p) for p, c in enumerate(chunks)]
@@ -158,7 +156,7 @@ def all_gather_into_tensor_coalesced(xs: Sequence[Any], group: Any = None) -> li
 def permute_tensor(x: Any, src_dst: Sequence[int | None], group: Any = None) -> Any:
     fn = "permute_tensor"
     g, comm = _setup(group, x, fn)
-    targets = _permutation(src_dst, g.size, fn)
+    targets = check_permutation(src_dst, g.size, fn)
     dst = targets[g.rank]
     senders = [i for i, d in enumerate(targets) if d == g.rank]
     cp = _cp()

@@ -7,13 +7,12 @@ way, so a dtype disagreement raises `ValueError` everywhere), then the data as r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import any_cupy, is_cupy
-from fcoll._validate import check_array, check_arrays, check_rank
+from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
 from fcoll.backends import mpi as backend
 from fcoll.collectives import gpu
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
@@ -21,14 +20,6 @@ from fcoll.dtypes import as_bytes, dtype_from_name
 from fcoll.group import Group, member
 
 GroupArg = Group | Sequence[int] | None
-
-
-def _one_dtype(dtypes: list[str], fn: str) -> np.dtype[Any]:
-    if len(set(dtypes)) > 1:
-        detail = ", ".join(f"rank {r}: {d}" for r, d in enumerate(dtypes))
-        raise ValueError(f"{fn}: expected one dtype on every rank, got tensors with different "
-                         f"dtypes ({detail})")
-    return dtype_from_name(dtypes[0])
 
 
 def _meta(x: np.ndarray) -> tuple[tuple[int, ...], str]:
@@ -50,7 +41,7 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
     with _debug.checked(g, call, fn, x=x):
         check_array(x, fn)
     meta = backend.allgather_obj(call, _meta(x))
-    dtype = _one_dtype([d for _, d in meta], fn)
+    dtype = one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
     buf = backend.allgatherv(call, c_order(x), np.empty(sum(counts), np.uint8), counts)
@@ -73,7 +64,7 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
         root = check_rank(dst, g.size, fn, "dst")
         check_array(x, fn)
     meta = backend.allgather_obj(call, _meta(x))
-    dtype = _one_dtype([d for _, d in meta], fn)
+    dtype = one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
     out = np.empty(sum(counts), np.uint8) if g.rank == root else None
@@ -127,7 +118,7 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     with _debug.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
     meta = backend.allgather_obj(call, [_meta(a) for a in arrays])
-    dtype = _one_dtype([row[0][1] for row in meta], fn)
+    dtype = one_dtype([row[0][1] for row in meta], fn)
     shapes = [meta[p][g.rank][0] for p in range(g.size)]
     send = np.concatenate([as_bytes(a) for a in arrays])
     counts = [nbytes_of(s, dtype) for s in shapes]

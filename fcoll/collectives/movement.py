@@ -7,13 +7,13 @@ are never written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
 import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import is_cupy
-from fcoll._validate import check_array, check_dim, check_rank, check_sizes
+from fcoll._validate import check_array, check_dim, check_rank, check_sizes, sizes_problem, split_problem
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast, gpu
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
@@ -87,31 +87,12 @@ def _gathered_shape(x: np.ndarray, dim: int, total: int) -> tuple[int, ...]:
     return (total, *rest)
 
 
-def _sizes_problem(meta: list[Any], dim: int) -> str | None:
-    """What disagrees in every rank's all-gather-v metadata ``(shape, dtype, sizes)``.
-
-    Every rank holds the same ``meta`` and so finds the same problem: all raise together.
-    """
-    shape0, dtype0, _ = meta[0]
-    rest0 = shape0[:dim] + shape0[dim + 1 :]
-    for p, (shape, dtype, sizes) in enumerate(meta):
-        if dtype != dtype0 or len(shape) != len(shape0) or shape[:dim] + shape[dim + 1 :] != rest0:
-            return (
-                f"rank {p} passed shape {shape} {dtype}, rank 0 passed {shape0} {dtype0} "
-                "(only gather_dim may differ)"
-            )
-        for q, (q_shape, _, _) in enumerate(meta if sizes is not None else ()):
-            if sizes[q] != q_shape[dim]:
-                return f"rank {p} passed sizes[{q}] = {sizes[q]} but rank {q} passed x of shape {q_shape}"
-    return None
-
-
 def _all_gather_v(
     call: Call, g: Group, x: np.ndarray, dim: int, sizes: list[int] | None, async_op: bool
 ) -> np.ndarray | Work:
     fn = "all_gather_into_tensor"
     meta = backend.allgather_obj(call, (x.shape, str(x.dtype), sizes))
-    problem = _sizes_problem(meta, dim)
+    problem = sizes_problem(meta, dim)
     if problem is not None:
         raise ValueError(f"{fn}: ranks disagree: {problem}")
     lengths = [m[0][dim] for m in meta]
@@ -212,24 +193,6 @@ def _checked_sizes(x: np.ndarray, dim: int, sizes: object, g: Group,
     return checked
 
 
-def _split_problem(meta: list[Any]) -> str | None:
-    """What disagrees in every rank's all_to_all_single metadata ``(in, out, row, dtype)``.
-
-    Every rank holds the same ``meta`` and so finds the same problem: all raise together.
-    """
-    _, _, row0, dtype0 = meta[0]
-    for p, (_, outs, row, dtype) in enumerate(meta):
-        if (row, dtype) != (row0, dtype0):
-            return f"rank {p} passed rows of shape {row} {dtype}, rank 0 {row0} {dtype0}"
-        for q, (q_ins, _, _, _) in enumerate(meta if outs is not None else ()):
-            if outs[q] != q_ins[p]:
-                return (
-                    f"rank {p} expects output_split_sizes[{q}] = {outs[q]} rows but "
-                    f"rank {q} sends {q_ins[p]} (its input_split_sizes[{p}])"
-                )
-    return None
-
-
 def _even_splits(x: np.ndarray, n: int, fn: str) -> list[int]:
     if x.shape[0] % n:
         raise ValueError(
@@ -318,7 +281,7 @@ def all_to_all_single(
         _fast.learn(_fast.ALL_TO_ALL, x.dtype, g, _fast.all_to_all, backend.BYTE)
         return backend.alltoall(call, c_order(x), np.empty(x.shape, x.dtype))
     meta = backend.allgather_obj(call, (ins, outs, x.shape[1:], str(x.dtype)))
-    problem = _split_problem(meta)
+    problem = split_problem(meta)
     if problem is not None:
         raise ValueError(f"{fn}: ranks disagree: {problem}")
     received = [meta[p][0][g.rank] for p in range(n)]
