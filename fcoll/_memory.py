@@ -46,3 +46,25 @@ def keep_freed_pages() -> bool:
     )
     _done = ok
     return ok
+
+
+def tuned() -> bool:
+    """Whether this process's malloc is tuned (by `keep_freed_pages`, whoever started MPI).
+
+    Example:
+        >>> import fcoll; from fcoll import _memory
+        >>> _memory.tuned()            # on glibc, unless FCOLL_MALLOC_TUNING=0
+        True
+    """
+    return _done
+
+
+def status() -> str:
+    """`tuned` in words, with the reason when it is not, for ``python -m fcoll info``."""
+    if _done:
+        return "applied (freed pages stay in the process)"
+    if os.environ.get("FCOLL_MALLOC_TUNING", "1") == "0":
+        return "off (FCOLL_MALLOC_TUNING=0)"
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return "not applied (not glibc)"
+    return "not applied (fcoll has not started yet, or mallopt failed)"
