@@ -156,6 +156,19 @@ def launchers(python: str = sys.executable) -> dict[str, tuple[str, str]]:
     return found
 
 
+def loaded_library(fallback: str = "") -> str:
+    """The path of the ``libmpi`` this process loaded (from ``/proc/self/maps``), or ``fallback``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if "/libmpi" in path and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return fallback
+
+
 def describe_launchers(found: dict[str, tuple[str, str]]) -> str:
     """``mpiexec on PATH: /usr/bin/mpiexec (Open MPI)``, and the one next to python if any."""
     parts = []

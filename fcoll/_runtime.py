@@ -229,6 +229,7 @@ def _check_launcher(MPI: Any) -> None:
     if announced is None:
         return
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    library += f" ({_launcher.loaded_library(MPI.__file__)})"
     where = _launcher.describe_launchers(_launcher.launchers())
     message = _launcher.singleton_message(announced, library, where)
     if not _launcher.allowed(os.environ):
