@@ -6,6 +6,9 @@ fresh ``mmap`` that the kernel zero-fills page by page, which cost up to 3x raw 
 blocks from the heap lets ``free`` + ``malloc`` reuse warm pages, which brought the ratio
 back to about 1.0. The cost: memory freed by the program stays mapped in the process
 instead of going back to the kernel. Set ``FCOLL_MALLOC_TUNING=0`` to leave glibc alone.
+It is a process setting, not an MPI one: ``fcoll._runtime.mpi`` applies it the first time
+fcoll needs MPI, also when the program started MPI first (``from mpi4py import MPI``
+before ``import fcoll``). `tuned` says whether it is in effect.
 """
 
 from __future__ import annotations
