@@ -284,7 +284,7 @@ def test_launcher_environment_without_its_mpi_raises(tmp_path, variable):
     error = done.stderr.strip().splitlines()[-1]
     from mpi4py import MPI
 
-    library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    library = " ".join(MPI.Get_library_version().replace("\0", "").splitlines()[0].split())
     assert error.startswith("RuntimeError: init: expected a world of more than 1 process")
     for part in (f"{variable}=2", library, str(tmp_path / "other-mpi" / "bin" / "mpiexec"),
                  "(Open MPI)", "FCOLL_ALLOW_SINGLETON=1"):
