@@ -1,4 +1,4 @@
-"""``python -m fcoll info``: what fcoll runs on (versions, MPI, threads, knobs, GPU).
+"""``python -m fcoll info``: what fcoll runs on (versions, MPI, launcher, start-up, knobs, GPU).
 
 `collect` starts MPI the way fcoll does (so the thread level shown is the one fcoll
 gets) and returns sections of ``name -> text``; `render_plain`, `render_rich` and
@@ -22,7 +22,7 @@ Report = dict[str, dict[str, str]]
 # Environment variables fcoll reads (all FCOLL_* that are set are shown too), and MPICH
 # and Open MPI settings fcoll may set itself when ranks outnumber cores (fcoll._runtime).
 KNOBS = ("FCOLL_MPI_THREAD_LEVEL", "FCOLL_DEBUG", "FCOLL_MALLOC_TUNING", "FCOLL_GPU_TRANSPORT",
-         "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI")
+         "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI", "FCOLL_ALLOW_SINGLETON")
 MPICH_SET = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
              "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_CH4_PROGRESS_THROTTLE",
              "OMPI_MCA_mpi_yield_when_idle")
@@ -64,6 +64,51 @@ def _mpi_section() -> dict[str, str]:
         "oversubscribed": (f"yes ({local_size} ranks > {cores} cores): expect slow, noisy timings"
                            if local_size > cores else "no"),
     }
+
+
+def _launcher_section(MPI: Any) -> dict[str, str]:
+    """Which MPI mpi4py loaded, which mpiexec is on PATH (and next to python), and whether
+    they agree; the job size the launcher announced and whether MPI joined it."""
+    from fcoll import _launcher
+
+    library = _launcher.family(str(MPI.get_vendor()[0]))
+    facts = {"library loaded": f"{library or 'unknown'} ({_launcher.loaded_library(MPI.__file__)})"}
+    for where, (path, mpi) in _launcher.launchers().items():
+        text = f"{path} ({mpi or 'unknown MPI'})" if path else "none"
+        agree = _launcher.agree(mpi, library)
+        if agree is False:
+            text += f"  MISMATCH: mpi4py loaded {library}; use the {library} mpiexec"
+        facts[f"mpiexec {where}"] = text
+    announced = _launcher.launcher_world(os.environ)
+    size = MPI.COMM_WORLD.Get_size()
+    if announced is None:
+        facts["launcher says"] = "nothing (not started by a known launcher, or one process)"
+    else:
+        facts["launcher says"] = f"{announced.name}={announced.value} ({announced.setter})"
+        if size == 1:
+            facts["launcher says"] += ("  MISMATCH: MPI started this process alone (world of 1);"
+                                       f" see fcoll.init's error, {_launcher.ALLOW_SINGLETON}")
+    return facts
+
+
+def _startup_section(MPI: Any) -> dict[str, str]:
+    """Who started MPI, the malloc tuning, and what fcoll could not set (mpi4py.MPI first)."""
+    from fcoll import _memory, _runtime
+
+    facts = _runtime.startup()
+    if facts is None:
+        return {"MPI started by": "not yet"}
+    shown = {
+        "MPI started by": ("fcoll (imported before mpi4py.MPI)" if facts.by_fcoll
+                           else "the program (mpi4py.MPI imported before fcoll)"),
+        "malloc tuning": _memory.status(),
+        "thread level": (f"{_THREAD_NAMES[MPI.Query_thread()]} "
+                         f"(fcoll asks for {facts.requested})"),
+    }
+    late = [f"{item.name}={item.value} ({item.why}{'' if item.matters else '; no warning'})"
+            for item in facts.late]
+    shown["not in effect"] = "; ".join(late) if late else "nothing"
+    return shown
 
 
 def _minimal_gpu() -> tuple[dict[str, str], bool | None]:
@@ -129,8 +174,11 @@ def collect() -> Report:
         "ml_dtypes": _version("ml_dtypes"),
         "platform": platform.platform(),
     }
-    return {"versions": versions, "mpi": _mpi_section(), "environment": _knobs(),
-            "gpu": _gpu_section()}
+    from fcoll._runtime import mpi
+
+    MPI = mpi()
+    return {"versions": versions, "mpi": _mpi_section(), "launcher": _launcher_section(MPI),
+            "start-up": _startup_section(MPI), "environment": _knobs(), "gpu": _gpu_section()}
 
 
 def render_plain(report: Report) -> str:

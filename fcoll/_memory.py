@@ -6,6 +6,9 @@ fresh ``mmap`` that the kernel zero-fills page by page, which cost up to 3x raw 
 blocks from the heap lets ``free`` + ``malloc`` reuse warm pages, which brought the ratio
 back to about 1.0. The cost: memory freed by the program stays mapped in the process
 instead of going back to the kernel. Set ``FCOLL_MALLOC_TUNING=0`` to leave glibc alone.
+It is a process setting, not an MPI one: ``fcoll._runtime.mpi`` applies it the first time
+fcoll needs MPI, also when the program started MPI first (``from mpi4py import MPI``
+before ``import fcoll``). `tuned` says whether it is in effect.
 """
 
 from __future__ import annotations
@@ -46,3 +49,25 @@ def keep_freed_pages() -> bool:
     )
     _done = ok
     return ok
+
+
+def tuned() -> bool:
+    """Whether this process's malloc is tuned (by `keep_freed_pages`, whoever started MPI).
+
+    Example:
+        >>> import fcoll; from fcoll import _memory
+        >>> _memory.tuned()            # on glibc, unless FCOLL_MALLOC_TUNING=0
+        True
+    """
+    return _done
+
+
+def status() -> str:
+    """`tuned` in words, with the reason when it is not, for ``python -m fcoll info``."""
+    if _done:
+        return "applied (freed pages stay in the process)"
+    if os.environ.get("FCOLL_MALLOC_TUNING", "1") == "0":
+        return "off (FCOLL_MALLOC_TUNING=0)"
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return "not applied (not glibc)"
+    return "not applied (fcoll has not started yet, or mallopt failed)"

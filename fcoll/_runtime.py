@@ -3,7 +3,10 @@
 MPI is started the first time fcoll needs it, at the thread level chosen here (see
 `docs/performance.md`): ``serialized`` unless ``FCOLL_MPI_THREAD_LEVEL`` says otherwise,
 because ``multiple`` costs small messages 15-45 % with MPICH and fcoll never calls MPI from
-two threads at once. If the program imported ``mpi4py.MPI`` first, its choice stands.
+two threads at once. If the program imported ``mpi4py.MPI`` first, its choice stands; the
+malloc tuning is applied anyway, and what could not take effect is warned about when it
+matters (`fcoll._startup`). `init` checks that the launcher and the MPI library agree
+(`fcoll._launcher`).
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import contextlib
 import datetime
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fcoll import _memory
+from fcoll import _launcher, _memory, _startup
 
-_THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+_THREAD_LEVELS = _startup.THREAD_LEVELS
 _DEBUG_LEVELS = ("off", "info", "detail")
 
 Timeout = float | datetime.timedelta | None
@@ -35,39 +39,94 @@ class _State:
 _state = _State()
 
 
-def mpi() -> Any:
-    """Return the ``mpi4py.MPI`` module, starting MPI at fcoll's thread level if needed."""
-    module = sys.modules.get("mpi4py.MPI")
-    if module is not None:
-        return module
-    import mpi4py
+_MPI: Any = None  # mpi4py.MPI once fcoll has seen MPI started (by itself or the program)
 
-    level = os.environ.get("FCOLL_MPI_THREAD_LEVEL", "serialized").lower()
+
+@dataclass(frozen=True)
+class Startup:
+    """How MPI was started, for ``python -m fcoll info``."""
+
+    by_fcoll: bool  # False: the program imported mpi4py.MPI first
+    requested: str  # the thread level fcoll asks for (or would have asked for)
+    late: tuple[_startup.Late, ...] = ()  # what could not take effect (mpi4py.MPI first)
+
+
+_startup_facts: Startup | None = None
+
+
+def mpi() -> Any:
+    """Return the ``mpi4py.MPI`` module, starting MPI at fcoll's thread level if needed.
+
+    Called on hot paths: after the first call it only returns the cached module.
+    """
+    return _MPI if _MPI is not None else _start_mpi()
+
+
+def _start_mpi() -> Any:
+    """Start MPI the way fcoll wants, or, if the program already did, apply what still can
+    take effect and warn once about what cannot (`_startup.late_settings`)."""
+    global _MPI, _startup_facts
+    level = os.environ.get("FCOLL_MPI_THREAD_LEVEL", _startup.DEFAULT_THREAD_LEVEL).lower()
     if level not in _THREAD_LEVELS:
         raise ValueError(
             f"FCOLL_MPI_THREAD_LEVEL: expected one of {_THREAD_LEVELS}, got {level!r}"
         )
-    mpi4py.rc.thread_level = level
-    _memory.keep_freed_pages()
-    _yield_when_oversubscribed()
-    from mpi4py import MPI
+    _memory.keep_freed_pages()  # a process setting: takes effect whenever it is made
+    started = sys.modules.get("mpi4py.MPI")
+    if started is None:
+        import mpi4py
 
+        mpi4py.rc.thread_level = level
+        _yield_when_oversubscribed()
+        from mpi4py import MPI
+
+        _startup_facts = Startup(by_fcoll=True, requested=level)
+    else:
+        MPI = started
+        _startup_facts = Startup(by_fcoll=False, requested=level, late=tuple(_late(MPI, level)))
+        message = _startup.late_warning(list(_startup_facts.late))
+        if message is not None:
+            warnings.warn(message, RuntimeWarning, stacklevel=_outside_fcoll())
+    _MPI = MPI
     return MPI
 
 
-# MPICH's shared-memory algorithms for these collectives spin without yielding below
-# THREAD_MULTIPLE: with more ranks than cores, one 1 MiB all_reduce took seconds instead
-# of milliseconds here (docs/performance.md). Its generic algorithms do not.
-_MPICH_SPINNING = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM",
-                   "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
-                   "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM")
-# Open MPI yields only when its launcher knows the node is oversubscribed (--oversubscribe);
-# given more slots than cores (a hostfile's slots=4 on 2 cores) it spins: an 8-byte
-# all_reduce on 4 ranks took 5.6 ms per call instead of 20 us with this set.
-_OPEN_MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+def _late(MPI: Any, level: str) -> list[_startup.Late]:
+    """What fcoll could not set because the program started MPI; fcoll's own polling loops
+    still learn that the node is oversubscribed."""
+    global OVERSUBSCRIBED
+    cpus = _node_cpus()
+    OVERSUBSCRIBED = _startup.oversubscribed(os.environ, cpus)
+    provided = _THREAD_LEVELS[MPI.Query_thread()] if MPI.Is_initialized() else level
+    return _startup.late_settings(os.environ, cpus, str(MPI.get_vendor()[0]), provided)
 
 
-# More ranks than cores on this node (set before MPI starts): fcoll's own polling loops
+def _outside_fcoll() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside fcoll (the
+    program's ``import fcoll`` or first call), skipping importlib's frames as `warnings` does."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame.f_back is not None:
+        name = frame.f_code.co_filename
+        internal = "importlib" in name and "_bootstrap" in name
+        if not internal and not name.startswith(package):
+            break
+        level += 0 if internal else 1
+        frame = frame.f_back
+    return level
+
+
+def startup() -> Startup | None:
+    """How MPI was started (None before fcoll first needed MPI)."""
+    return _startup_facts
+
+
+# Kept for tests and callers: the variables now live in fcoll._startup.
+_MPICH_SPINNING = _startup.MPICH_SPINNING
+_OPEN_MPI_YIELD = _startup.OPEN_MPI_YIELD
+
+
+# More ranks than cores on this node (set when MPI starts): fcoll's own polling loops
 # then yield the core between polls (fcoll.work.backoff).
 OVERSUBSCRIBED = False
 
@@ -77,21 +136,13 @@ def _yield_when_oversubscribed() -> None:
 
     Sets MPICH's non-spinning algorithms and throttled progress polling, and Open MPI's
     ``mpi_yield_when_idle`` (each library ignores the other's variables), unless the user
-    set them. Runs before MPI starts, since both libraries read their settings from the
-    environment at start-up.
+    set them (`_startup.oversubscription_settings`). Runs before MPI starts, since both
+    libraries read their settings from the environment at start-up.
     """
-    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-    if local is None or not local.isdigit():
-        return
-    if int(local) > _node_cpus():
-        global OVERSUBSCRIBED
-        OVERSUBSCRIBED = True
-        for name in _MPICH_SPINNING:
-            os.environ.setdefault(name, "mpir")
-        # usleep(1) after 4096 idle polls: lets the rank that holds the data run. The test
-        # suite at n=4 on 2 cores: 31 -> 25 s with -bind-to core (bench/oversubscription.py).
-        os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
-        os.environ.setdefault(_OPEN_MPI_YIELD, "1")
+    global OVERSUBSCRIBED
+    cpus = _node_cpus()
+    OVERSUBSCRIBED = _startup.oversubscribed(os.environ, cpus)
+    os.environ.update(_startup.oversubscription_settings(os.environ, cpus))
 
 
 def _node_cpus() -> int:
@@ -143,6 +194,23 @@ def configure(timeout: Timeout, debug: str | None) -> None:
         _state.debug = level
     _state.checking = _state.debug != "off"
     changed()  # e.g. the fast paths assume no deadline and no debug checks
+
+
+def check_launcher(MPI: Any) -> None:
+    """Raise (or warn, with ``FCOLL_ALLOW_SINGLETON=1``) when the launcher announced N > 1
+    processes but MPI started this one alone: the launcher belongs to another MPI."""
+    if MPI.COMM_WORLD.Get_size() != 1:
+        return
+    announced = _launcher.launcher_world(os.environ)
+    if announced is None:
+        return
+    library = " ".join(MPI.Get_library_version().replace("\0", "").splitlines()[0].split())
+    library += f" ({_launcher.loaded_library(MPI.__file__)})"
+    where = _launcher.describe_launchers(_launcher.launchers())
+    message = _launcher.singleton_message(announced, library, where)
+    if not _launcher.allowed(os.environ):
+        raise RuntimeError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=_outside_fcoll())
 
 
 def abort(code: int = 1) -> None:

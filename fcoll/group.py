@@ -209,6 +209,7 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         to_seconds(timeout)  # bad arguments raise before MPI starts
         _runtime._debug_level(debug)
         MPI = _runtime.mpi()
+        _runtime.check_launcher(MPI)  # a launcher of another MPI: every rank alone
         state.world = Group(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
     _runtime.configure(timeout, debug)
 

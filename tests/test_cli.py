@@ -47,13 +47,17 @@ def test_info_json_parses():
     done = _fcoll("info", "--json", FCOLL_MPI_THREAD_LEVEL="funneled")
     assert done.returncode == 0, done.stderr
     report_ = json.loads(done.stdout)
-    assert set(report_) == {"versions", "mpi", "environment", "gpu"}
+    assert set(report_) == {"versions", "mpi", "launcher", "start-up", "environment", "gpu"}
     assert report_["mpi"]["world size"] == "1"
     assert report_["mpi"]["thread level"].startswith("funneled")
     assert report_["mpi"]["oversubscribed"] == "no"
     assert report_["environment"]["FCOLL_MPI_THREAD_LEVEL"] == "funneled"
     assert report_["versions"]["numpy"] == np.__version__
     assert report_["gpu"]["CUDA-aware MPI"] in ("yes", "no", "unknown")
+    assert report_["start-up"]["MPI started by"].startswith("fcoll")
+    assert report_["start-up"]["not in effect"] == "nothing"
+    assert report_["start-up"]["malloc tuning"].startswith(("applied", "not applied (not glibc)"))
+    assert report_["launcher"]["launcher says"].startswith("nothing")
 
 
 @spawns

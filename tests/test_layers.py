@@ -18,7 +18,7 @@ PACKAGE = Path(fc.__file__).resolve().parent
 # Bottom to top; a module belongs to the first layer with a prefix of its name. A module
 # may import its own layer and the layers below, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("runtime", ("fcoll._memory", "fcoll._runtime")),
+    ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime")),
     ("operations in flight", ("fcoll.work",)),
     ("transport", ("fcoll.backends",)),
     ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._nccl_policy")),
