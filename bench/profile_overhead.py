@@ -62,24 +62,25 @@ def internal_steps(x: np.ndarray, out: np.ndarray) -> list[Step]:
     """The steps of fcoll.all_reduce as of this writing (group and comm, cached plan, wire
     data, move, finish); raises ImportError/AttributeError if fcoll's internals have moved.
     Names starting with a space or "(" are parts of a step, left out of the sum."""
+    from fcoll._plan import reduction_plan
     from fcoll.backends import mpi as backend
-    from fcoll.collectives._plan import reduction_plan
+    from fcoll.collectives import _fold
     from fcoll.group import member
 
-    g, comm = member(None, "all_reduce")
-    plan = reduction_plan(x, "sum", g.size, "all_reduce")
+    g, call = member(None, "all_reduce")
+    plan = reduction_plan(x, "sum", g, "all_reduce")
     wire = plan.wire(x)
-    y = plan.allreduce(comm, wire)
+    y = _fold.allreduce(call, plan, wire)
     return [
-        ("member(None) -> (group, comm)", lambda: member(None, "all_reduce")),
+        ("member(None) -> (group, call)", lambda: member(None, "all_reduce")),
         ("g.size (property)", lambda: g.size),
-        ("reduction_plan (dict cache)", lambda: reduction_plan(x, "sum", 1, "all_reduce")),
+        ("reduction_plan (dict cache)", lambda: reduction_plan(x, "sum", g, "all_reduce")),
         ("plan.wire(x)", lambda: plan.wire(x)),
-        ("plan.allreduce(comm, wire)", lambda: plan.allreduce(comm, wire)),
-        ("  of which backend.allreduce", lambda: backend.allreduce(comm, wire, plan.mpi_op)),
+        ("_fold.allreduce(call, plan, wire)", lambda: _fold.allreduce(call, plan, wire)),
+        ("  of which backend.allreduce", lambda: backend.allreduce(call, wire, plan.op)),
         ("  of which np.empty_like(wire)", lambda: np.empty_like(wire)),
         ("  of which comm.Allreduce(wire, out, op)",
-         lambda: comm.Allreduce(wire, out, plan.mpi_op)),
+         lambda: call.comm.Allreduce(wire, out, plan.op)),
         ("plan.finish(y)", lambda: plan.finish(y)),
     ]
 

@@ -1,4 +1,4 @@
-"""Dtype policy: which dtypes fcoll accepts, and how each travels on the MPI wire.
+"""Dtype policy: which dtypes fcoll accepts, and how each travels on the wire.
 
 Data movement is always bit-exact: arrays travel as their raw bytes. Reductions travel
 in a *wire dtype* chosen here: float16 and bfloat16 are reduced in float32 and cast back;
@@ -26,6 +26,14 @@ SUPPORTED: frozenset[np.dtype[Any]] = frozenset(
 ) | {BFLOAT16}
 
 _BY_NAME = {str(d): d for d in SUPPORTED}
+
+# ncclDataType_t codes (nccl.h; stable since NCCL 2.0, bfloat16 from 2.10). The other
+# dtypes are mapped onto these by `fcoll._plan.nccl_plan`.
+NCCL_DATATYPES: dict[np.dtype[Any], int] = {
+    np.dtype("int8"): 0, np.dtype("uint8"): 1, np.dtype("int32"): 2, np.dtype("uint32"): 3,
+    np.dtype("int64"): 4, np.dtype("uint64"): 5, np.dtype("float16"): 6,
+    np.dtype("float32"): 7, np.dtype("float64"): 8, BFLOAT16: 9,
+}
 _HALF = frozenset({np.dtype("float16"), BFLOAT16})
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 _ORDERED = (ReduceOp.MIN, ReduceOp.MAX)
@@ -51,8 +59,8 @@ def check_op(op: ReduceOp | PremulSum, dtype: np.dtype[Any], fn: str) -> None:
     """Raise if ``op`` cannot reduce ``dtype`` (the rules of API.md, "Dtypes, ops and errors")."""
     kind = _kind(dtype)
     if kind == "c" and (op == ReduceOp.PRODUCT or op in _ORDERED or op in _BITWISE):
-        raise ValueError(f"{fn}: all_reduce does not support {op.value} on {dtype}; "
-                         "complex data supports sum, avg and premul_sum")
+        raise ValueError(f"{fn}: expected op sum, avg or premul_sum for {dtype} (complex data "
+                         f"has no order and no bits), got {op.value}")
     if isinstance(op, PremulSum) or op == ReduceOp.AVG:
         if kind not in "fc":
             raise TypeError(f"{fn}: expected a floating or complex dtype for {op!r}, "

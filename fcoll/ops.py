@@ -1,4 +1,5 @@
-"""Reduction operators: `ReduceOp`, `premul_sum`, and the op -> MPI.Op table."""
+"""Reduction operators: `ReduceOp`, `premul_sum`, and the op tables of both transports
+(op -> ``MPI.Op``, op -> ``ncclRedOp_t``)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,23 @@ def mpi_op(op: ReduceOp | PremulSum) -> Any:
     """The ``MPI.Op`` that carries ``op`` on the wire (avg and premul_sum travel as SUM)."""
     name = "SUM" if isinstance(op, PremulSum) else _MPI_OP_NAMES[op]
     return getattr(mpi(), name)
+
+
+class NcclOp(enum.IntEnum):
+    """NCCL's ``ncclRedOp_t`` codes (``nccl.h``; stable since NCCL 2.0, ``AVG`` from 2.10)."""
+
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
+
+
+# avg travels as a sum (divided afterwards) where NCCL has no ncclAvg.
+_NCCL_OPS = {ReduceOp.SUM: NcclOp.SUM, ReduceOp.AVG: NcclOp.SUM, ReduceOp.PRODUCT: NcclOp.PROD,
+             ReduceOp.MIN: NcclOp.MIN, ReduceOp.MAX: NcclOp.MAX}
+
+
+def nccl_op(op: ReduceOp) -> NcclOp:
+    """The ``ncclRedOp_t`` that carries ``op`` (`KeyError` for the bitwise ops NCCL lacks)."""
+    return _NCCL_OPS[op]

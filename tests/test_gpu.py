@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll._nccl_policy import nccl_plan
+from fcoll._plan import nccl_plan
 from tests.helpers import ALL_DTYPES, BF16, bits, data, reference, same_bits
 
 

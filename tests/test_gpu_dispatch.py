@@ -14,8 +14,12 @@ import pytest
 
 import fcoll as fc
 from fcoll import _dispatch, _probe
-from fcoll._nccl_policy import AVG, DATATYPES, MAX, MIN, PROD, SUM, V2_10, NcclPlan, nccl_plan
+from fcoll._plan import V2_10, NcclPlan, nccl_plan
+from fcoll.dtypes import NCCL_DATATYPES as DATATYPES
+from fcoll.ops import NcclOp
 from tests.helpers import ALL_DTYPES, data, reference
+
+AVG, MAX, MIN, PROD, SUM = NcclOp.AVG, NcclOp.MAX, NcclOp.MIN, NcclOp.PROD, NcclOp.SUM
 
 OPS = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"]
 _NUMPY = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: np.add}
@@ -95,24 +99,13 @@ def test_gpu_report_is_strings():
 
 
 def _emulate(plan: NcclPlan, inputs: list[np.ndarray]) -> np.ndarray:
-    """What NCCL computes under ``plan``, in numpy: cast/scale, reduce, finish."""
-    wires = []
-    for x in inputs:
-        flat = np.ascontiguousarray(x).reshape(-1)
-        if plan.pairs:
-            flat = (flat * plan.scale if plan.scale is not None else flat).astype(x.dtype).view(plan.wire)
-        else:
-            flat = flat.astype(plan.wire)
-            if plan.scale is not None:
-                flat = (flat * np.asarray(plan.scale, plan.wire)).astype(plan.wire)
-        wires.append(flat)
-    y = functools.reduce(_NUMPY[plan.op], wires).astype(plan.wire)
-    if plan.op == AVG or plan.divide:
-        y = (y / np.asarray(len(inputs), plan.wire)).astype(plan.wire)
-    if plan.parity:
-        return (y & 1).astype(bool).reshape(inputs[0].shape)
-    y = y.view(plan.dtype) if plan.pairs else y.astype(plan.dtype)
-    return y.reshape(inputs[0].shape)
+    """What NCCL computes under ``plan``: the plan's own ``wire``/``finish`` (run with numpy
+    as the array module), and NCCL's reduction in between emulated in numpy."""
+    wires = [plan.wire(x, np) for x in inputs]
+    y = functools.reduce(_NUMPY[plan.op], wires).astype(plan.wire_dtype)
+    if plan.op == AVG:  # ncclAvg divides on the device
+        y = (y / np.asarray(len(inputs), plan.wire_dtype)).astype(plan.wire_dtype)
+    return np.asarray(plan.finish(y, len(inputs), inputs[0].shape))
 
 
 def _mpi_error(dtype: np.dtype[Any], op: str) -> type[Exception] | None:
@@ -138,15 +131,15 @@ def test_nccl_plan_is_exact_or_refuses(dtype, op, version):
             nccl_plan(dtype, op, version, "all_reduce")
         return
     plan = nccl_plan(dtype, op, version, "all_reduce")
-    assert plan.wire in DATATYPES and DATATYPES[plan.wire] == plan.datatype
+    assert plan.wire_dtype in DATATYPES and DATATYPES[plan.wire_dtype] == plan.datatype
     assert plan.op != AVG or version >= V2_10
-    assert str(plan.wire) != "bfloat16" or version >= V2_10
+    assert str(plan.wire_dtype) != "bfloat16" or version >= V2_10
     for n in (1, 3):
         inputs = [data(r, (2, 3), dtype, salt=5) for r in range(n)]
         got, want = _emulate(plan, inputs), reference(inputs, op)
         assert got.dtype == want.dtype, (plan, got, want)
         if op == "avg":  # a division rounds: within one unit in the last place
-            eps = float(ml_dtypes.finfo(plan.wire).eps)
+            eps = float(ml_dtypes.finfo(plan.wire_dtype).eps)
             np.testing.assert_allclose(got.astype(complex), want.astype(complex), rtol=2 * eps)
         else:
             assert np.array_equal(got, want), (plan, got, want)

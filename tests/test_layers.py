@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime")),
     ("operations in flight", ("fcoll.work",)),
     ("transport", ("fcoll.backends",)),
-    ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._nccl_policy")),
+    ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._plan")),
     ("dispatch", ("fcoll._dispatch", "fcoll._probe")),
     ("groups", ("fcoll.group", "fcoll.mesh", "fcoll.subgroups", "fcoll._debug")),
     ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),

@@ -186,7 +186,10 @@ def test_reduce_scatter_list_2d_avg(group):
 @pytest.mark.parametrize("dtype", COMPLEX)
 @pytest.mark.parametrize("op", ["product", "min", "max", "band", "bor", "bxor"])
 def test_complex_rejects_ordered_and_bitwise(dtype, op):
-    with pytest.raises(ValueError, match="all_reduce does not support"):
+    expected = rf"expected op sum, avg or premul_sum for {dtype}.*got {op}"
+    with pytest.raises(ValueError, match=r"^all_reduce: " + expected):
         fc.all_reduce(np.ones(2, dtype), op)
-    with pytest.raises(ValueError, match="all_reduce does not support"):
+    with pytest.raises(ValueError, match=r"^all_reduce_coalesced: " + expected):
         fc.all_reduce_coalesced([np.ones(2, dtype)], op)
+    with pytest.raises(ValueError, match=r"^reduce: " + expected):
+        fc.reduce(np.ones(2, dtype), 0, op)

@@ -8,7 +8,11 @@ order, ``((x0 op x1) op x2) ...``, whatever the message size, so a result is
 bit-identical whether its array travels alone or fused with others, and equal to a
 sequential numpy reduction of the ranks' inputs.
 
-Two ways, both with that same per-element order:
+This module also makes the choice between MPI's op and the fold (`allreduce`, `reduce`,
+`reduce_scatter` carry out a `fcoll._plan.ReductionPlan`: ``plan.ufunc`` None means MPI's
+op reduces, else the fold does).
+
+Two ways to fold, both with that same per-element order:
 - small messages: gather every rank's buffer, fold locally (one collective);
 - large messages: exchange blocks (rank ``r`` gets block ``r`` of every rank, the
   bandwidth-optimal reduce-scatter), fold, then all-gather the folded blocks.
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
 from fcoll.work import Call
 
@@ -41,7 +46,33 @@ def blocks(size: int, n: int) -> list[int]:
     return [base + (i < extra) for i in range(n)]
 
 
-def reduce_scatter(
+def allreduce(call: Call, plan: ReductionPlan, wire: np.ndarray) -> np.ndarray:
+    """Every rank's reduced ``wire`` (a C-contiguous buffer made by ``plan.wire``)."""
+    if plan.ufunc is None:
+        return backend.allreduce(call, wire, plan.op)
+    return fold_allreduce(call, wire.reshape(-1), plan.ufunc).reshape(wire.shape)
+
+
+def reduce(call: Call, plan: ReductionPlan, wire: np.ndarray, root: int) -> np.ndarray | None:
+    """The reduced ``wire`` on ``root``; ``None`` elsewhere."""
+    if plan.ufunc is None:
+        return backend.reduce(call, wire, plan.op, root)
+    y = fold_reduce(call, wire.reshape(-1), plan.ufunc, root)
+    return None if y is None else y.reshape(wire.shape)
+
+
+def reduce_scatter(call: Call, plan: ReductionPlan, wire: np.ndarray, counts: Sequence[int]
+                   ) -> np.ndarray:
+    """Block ``rank`` (``counts[rank]`` elements) of the reduction of ``wire``."""
+    wire = wire.reshape(-1)
+    if plan.ufunc is not None:
+        return fold_reduce_scatter(call, wire, counts, plan.ufunc)
+    if len(set(counts)) == 1:
+        return backend.reduce_scatter_block(call, wire, plan.op)
+    return backend.reduce_scatter(call, wire, counts, plan.op)
+
+
+def fold_reduce_scatter(
     call: Call, wire: np.ndarray, counts: Sequence[int], ufunc: np.ufunc
 ) -> np.ndarray:
     """Block ``rank`` (``counts[rank]`` elements) of the reduction of flat ``wire``."""
@@ -54,7 +85,7 @@ def reduce_scatter(
     return fold(recv, ufunc)
 
 
-def allreduce(call: Call, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+def fold_allreduce(call: Call, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     """The reduction of every rank's flat ``wire`` on every rank."""
     n = call.comm.Get_size()
     if n == 1:
@@ -63,13 +94,13 @@ def allreduce(call: Call, wire: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
         rows = backend.allgather(call, wire, np.empty((n, wire.size), wire.dtype))
         return fold(rows, ufunc)
     counts = blocks(wire.size, n)
-    mine = reduce_scatter(call, wire, counts, ufunc)
+    mine = fold_reduce_scatter(call, wire, counts, ufunc)
     size = wire.itemsize
     out = np.empty(wire.size, wire.dtype)
     return backend.allgatherv(call, mine, out, [c * size for c in counts])
 
 
-def reduce(call: Call, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarray | None:
+def fold_reduce(call: Call, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarray | None:
     """The reduction of every rank's flat ``wire`` on ``root``; ``None`` elsewhere."""
     n, size = call.comm.Get_size(), wire.itemsize
     if wire.nbytes <= GATHER_LIMIT:
@@ -77,6 +108,6 @@ def reduce(call: Call, wire: np.ndarray, ufunc: np.ufunc, root: int) -> np.ndarr
         got = backend.gatherv(call, wire, rows, [wire.nbytes] * n, root)
         return None if got is None else fold(got, ufunc)
     counts = blocks(wire.size, n)
-    mine = reduce_scatter(call, wire, counts, ufunc)
+    mine = fold_reduce_scatter(call, wire, counts, ufunc)
     out = np.empty(wire.size, wire.dtype) if call.comm.Get_rank() == root else None
     return backend.gatherv(call, mine, out, [c * size for c in counts], root)

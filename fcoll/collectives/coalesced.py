@@ -14,10 +14,10 @@ import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import any_cupy
+from fcoll._plan import reduction_plan
 from fcoll._validate import check_array
 from fcoll.backends import mpi as backend
-from fcoll.collectives import gpu
-from fcoll.collectives._plan import reduction_plan
+from fcoll.collectives import _fold, gpu
 from fcoll.dtypes import as_bytes
 from fcoll.group import Group, member
 from fcoll.ops import Op
@@ -75,7 +75,7 @@ def all_reduce_coalesced(
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
         flat = np.concatenate([plan.wire(x).reshape(-1) for x in same])
-        y = plan.finish(plan.allreduce(call, flat))
+        y = plan.finish(_fold.allreduce(call, plan, flat))
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
     return _per_dtype(arrays, run)
@@ -134,7 +134,7 @@ def reduce_scatter_tensor_coalesced(
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
         blocks = np.concatenate([plan.wire(x).reshape(n, x.size // n) for x in same], axis=1)
-        y = plan.finish(plan.reduce_scatter(call, blocks.reshape(-1), [blocks.shape[1]] * n))
+        y = plan.finish(_fold.reduce_scatter(call, plan, blocks.reshape(-1), [blocks.shape[1]] * n))
         shapes = [(x.shape[0] // n, *x.shape[1:]) for x in same]
         return _split(y, [x.size // n for x in same], shapes)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from fcoll._plan import reduction_plan
 from fcoll.backends import mpi as backend
-from fcoll.collectives._plan import reduction_plan
 from fcoll.group import member
 
 
@@ -35,7 +35,7 @@ def all_reduce(x: Any, op: object = "sum", group: Any = None, *, async_op: bool 
     cupy = _sync()
     with x.device:
         send, out = cupy.ascontiguousarray(x), cupy.empty(x.shape, x.dtype)
-        call.comm.Allreduce(send, out, plan.mpi_op)
+        call.comm.Allreduce(send, out, plan.op)
     return out
 
 

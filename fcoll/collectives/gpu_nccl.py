@@ -4,7 +4,7 @@ No call synchronises the host: the result is a new cupy array, valid in stream o
 with torch's NCCL backend). ``async_op=True`` returns a `Work` whose ``wait()`` makes the
 current stream wait on a CUDA event. Shapes travel first over MPI where they may differ
 between ranks (the same checks as the numpy path), the data then as raw bytes (uint8),
-so data movement is bit-exact for every dtype. Reductions follow `fcoll._nccl_policy`.
+so data movement is bit-exact for every dtype. Reductions follow `fcoll._plan.nccl_plan`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._nccl_policy import NcclPlan, nccl_plan
+from fcoll._plan import NcclPlan, nccl_plan
 from fcoll._validate import check_dim, check_rank, check_sizes, sizes_problem, split_problem
 from fcoll.backends import mpi as mpi_backend
 from fcoll.backends import nccl
@@ -46,42 +46,14 @@ def _bytes(a: Any) -> Any:
     return _cp().ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def _wire(x: Any, plan: NcclPlan) -> Any:
-    """Flat C-contiguous wire data of ``x`` (cast, scaled, or complex viewed as reals)."""
-    cp = _cp()
-    flat = cp.ascontiguousarray(x).reshape(-1)
-    if plan.scale is not None and plan.pairs:
-        flat = cp.multiply(flat, cp.asarray(plan.scale, dtype=flat.dtype))
-    if plan.pairs:
-        return flat.view(plan.wire)
-    if plan.wire != flat.dtype:
-        flat = flat.astype(plan.wire)
-    if plan.scale is not None:
-        flat = cp.multiply(flat, cp.asarray(plan.scale, dtype=flat.dtype))
-    return flat
-
-
-def _finish(y: Any, plan: NcclPlan, n: int, shape: Sequence[int]) -> Any:
-    """The reduced wire buffer ``y`` (fcoll's own) as an array of ``plan.dtype`` and ``shape``."""
-    if plan.divide:
-        y /= n
-    if plan.parity:
-        y = (y & 1).astype(np.bool_)
-    elif plan.pairs:
-        y = y.view(plan.dtype)
-    elif y.dtype != plan.dtype:
-        y = y.astype(plan.dtype)
-    return y.reshape(tuple(shape))
-
-
 def all_reduce(x: Any, op: object = "sum", group: Any = None, *, async_op: bool = False) -> Any:
     g, comm = _setup(group, x, "all_reduce")
     plan = nccl_plan(x.dtype, op, nccl.version(), "all_reduce")
     with x.device:
-        wire = _wire(x, plan)
+        wire = plan.wire(x, _cp())
         out = _cp().empty_like(wire)
         nccl.allreduce(comm, wire, out, wire.size, plan.datatype, plan.op)
-        return _done("all_reduce", g, _finish(out, plan, g.size, x.shape), async_op)
+        return _done("all_reduce", g, plan.finish(out, g.size, x.shape), async_op)
 
 
 def reduce(x: Any, dst: int = 0, op: object = "sum", group: Any = None, *,
@@ -90,10 +62,10 @@ def reduce(x: Any, dst: int = 0, op: object = "sum", group: Any = None, *,
     root = check_rank(dst, g.size, "reduce", "dst")
     plan = nccl_plan(x.dtype, op, nccl.version(), "reduce")
     with x.device:
-        wire = _wire(x, plan)
+        wire = plan.wire(x, _cp())
         out = _cp().empty_like(wire) if g.rank == root else wire  # recvbuf is root's only
         nccl.reduce(comm, wire, out, wire.size, plan.datatype, plan.op, root)
-        y = _finish(out, plan, g.size, x.shape) if g.rank == root else None
+        y = plan.finish(out, g.size, x.shape) if g.rank == root else None
         return _done("reduce", g, y, async_op)
 
 
@@ -116,9 +88,9 @@ def reduce_scatter_tensor(x: Any, op: object = "sum", group: Any = None, *, scat
     with x.device:
         shape = (*x.shape[:dim], n, x.shape[dim] // n, *x.shape[dim + 1 :])
         blocks = cp.moveaxis(x.reshape(shape), dim, 0)
-        out = _reduce_scatter_flat(comm, g, _wire(blocks, plan), plan)
+        out = _reduce_scatter_flat(comm, g, plan.wire(blocks, _cp()), plan)
         out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
-        return _done(fn, g, _finish(out, plan, n, out_shape), async_op)
+        return _done(fn, g, plan.finish(out, n, out_shape), async_op)
 
 
 def reduce_scatter(chunks: Sequence[Any], op: object = "sum", group: Any = None) -> Any:
@@ -136,13 +108,13 @@ def reduce_scatter(chunks: Sequence[Any], op: object = "sum", group: Any = None)
     plan = nccl_plan(x.dtype, op, nccl.version(), fn)
     cp = _cp()
     with x.device:
-        wires = [_wire(c, plan) for c in chunks]
+        wires = [plan.wire(c, _cp()) for c in chunks]
         width = max(w.size for w in wires)
-        padded = cp.zeros((g.size, width), plan.wire)
+        padded = cp.zeros((g.size, width), plan.wire_dtype)
         for i, w in enumerate(wires):
             padded[i, : w.size] = w
         out = _reduce_scatter_flat(comm, g, padded.reshape(-1), plan)
-        return _finish(out[: wires[g.rank].size], plan, g.size, x.shape)
+        return plan.finish(out[: wires[g.rank].size], g.size, x.shape)
 
 
 def broadcast(x: Any, src: int = 0, group: Any = None, *, async_op: bool = False) -> Any:

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._nccl_policy import nccl_plan
+from fcoll._plan import nccl_plan
 from fcoll._validate import check_permutation, check_rank, one_dtype
 from fcoll.backends import mpi as mpi_backend
 from fcoll.backends import nccl
-from fcoll.collectives.gpu_nccl import UINT8, _bytes, _cp, _exchange, _finish, _setup, _wire
+from fcoll.collectives.gpu_nccl import UINT8, _bytes, _cp, _exchange, _setup
 from fcoll.group import Group, member
 
 
@@ -101,12 +101,12 @@ def all_reduce_coalesced(xs: Sequence[Any], op: object = "sum", group: Any = Non
     version, cp = nccl.version(), _cp()
     plans = [nccl_plan(x.dtype, op, version, fn) for x in xs]
     with xs[0].device:
-        wires = [_wire(x, p) for x, p in zip(xs, plans, strict=True)]
+        wires = [p.wire(x, _cp()) for x, p in zip(xs, plans, strict=True)]
         outs = [cp.empty_like(w) for w in wires]
         with nccl.grouped():
             for w, o, p in zip(wires, outs, plans, strict=True):
                 nccl.allreduce(comm, w, o, w.size, p.datatype, p.op)
-        return [_finish(o, p, g.size, x.shape) for o, p, x in zip(outs, plans, xs, strict=True)]
+        return [p.finish(o, g.size, x.shape) for o, p, x in zip(outs, plans, xs, strict=True)]
 
 
 def _check_rows(xs: Sequence[Any], n: int, fn: str) -> None:
@@ -127,12 +127,12 @@ def reduce_scatter_tensor_coalesced(xs: Sequence[Any], op: object = "sum",
     version, cp, n = nccl.version(), _cp(), g.size
     plans = [nccl_plan(x.dtype, op, version, fn) for x in xs]
     with xs[0].device:
-        wires = [_wire(x, p) for x, p in zip(xs, plans, strict=True)]
+        wires = [p.wire(x, _cp()) for x, p in zip(xs, plans, strict=True)]
         outs = [cp.empty(w.size // n, w.dtype) for w in wires]
         with nccl.grouped():
             for w, o, p in zip(wires, outs, plans, strict=True):
                 nccl.reduce_scatter(comm, w, o, o.size, p.datatype, p.op)
-        return [_finish(o, p, n, (x.shape[0] // n, *x.shape[1:]))
+        return [p.finish(o, n, (x.shape[0] // n, *x.shape[1:]))
                 for o, p, x in zip(outs, plans, xs, strict=True)]
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
 from fcoll.collectives._fold import GATHER_LIMIT, blocks, fold
-from fcoll.collectives._plan import ReductionPlan
 from fcoll.group import Group
 from fcoll.work import Call, Operation, RequestOperation, Work
 
@@ -50,7 +50,7 @@ def all_reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, *,
     wire = plan.wire(x) if owned else private(plan.wire(x), x)
     if plan.ufunc is None:
         out = np.empty(wire.shape, wire.dtype)
-        request = backend.iallreduce(call, wire, out, plan.mpi_op)
+        request = backend.iallreduce(call, wire, out, plan.op)
         return launch("all_reduce", group, request, lambda: plan.finish(out), wire)
     if wire.nbytes > GATHER_LIMIT:
         return Work(_FoldedAllReduce(call, group, plan, wire))
@@ -119,7 +119,7 @@ def reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, root: i
     here = group.rank == root
     if plan.ufunc is None:
         out = np.empty(wire.shape, wire.dtype) if here else None
-        request = backend.ireduce(call, wire, out, plan.mpi_op, root)
+        request = backend.ireduce(call, wire, out, plan.op, root)
         return launch("reduce", group, request,
                       lambda: None if out is None else plan.finish(out), wire)
     rows = np.empty((group.size, wire.size), wire.dtype) if here else None
@@ -136,7 +136,7 @@ def reduce_scatter(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray,
     n = group.size
     if plan.ufunc is None:
         out = np.empty(wire.size // n, wire.dtype)
-        request = backend.ireduce_scatter_block(call, wire, out, plan.mpi_op)
+        request = backend.ireduce_scatter_block(call, wire, out, plan.op)
         return launch("reduce_scatter_tensor", group, request,
                       lambda: plan.finish(out).reshape(shape), wire)
     rows = np.empty((n, wire.size // n), wire.dtype)

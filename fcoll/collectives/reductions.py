@@ -13,10 +13,10 @@ import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import any_cupy, is_cupy
+from fcoll._plan import reduction_plan
 from fcoll._validate import check_arrays, check_dim, check_rank
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _fast, gpu, nonblocking
-from fcoll.collectives._plan import reduction_plan
+from fcoll.collectives import _fast, _fold, gpu, nonblocking
 from fcoll.group import Group, member
 from fcoll.ops import Op
 from fcoll.work import Work
@@ -65,9 +65,9 @@ def all_reduce(
         return nonblocking.all_reduce(call, g, plan, x)
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
         if type(op) is str:
-            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.mpi_op)
-        return backend.allreduce(call, x, plan.mpi_op)
-    return plan.finish(plan.allreduce(call, plan.wire(x)))
+            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op)
+        return backend.allreduce(call, x, plan.op)
+    return plan.finish(_fold.allreduce(call, plan, plan.wire(x)))
 
 
 @overload
@@ -103,7 +103,7 @@ def reduce(
         plan = reduction_plan(x, op, g, "reduce")
     if async_op:
         return nonblocking.reduce(call, g, plan, x, root)
-    y = plan.reduce(call, plan.wire(x), root)
+    y = _fold.reduce(call, plan, plan.wire(x), root)
     return None if y is None else plan.finish(y)
 
 
@@ -165,13 +165,13 @@ def reduce_scatter_tensor(
                              f"size {n}, got shape {x.shape}")
     if not async_op and plan.direct and dim == 0 and x.flags.c_contiguous:  # the common case
         if type(op) is str and type(scatter_dim) is int:
-            _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.mpi_op)
-        return backend.reduce_scatter_block(call, x, plan.mpi_op)
+            _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op)
+        return backend.reduce_scatter_block(call, x, plan.op)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     if async_op:
         return nonblocking.reduce_scatter(call, g, plan, x, blocks, out_shape)
-    y = plan.reduce_scatter(call, plan.wire(blocks), [x.size // n] * n)
+    y = _fold.reduce_scatter(call, plan, plan.wire(blocks), [x.size // n] * n)
     return plan.finish(y).reshape(out_shape)
 
 
@@ -194,5 +194,5 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         arrays = check_arrays(chunks, g.size, fn, "chunks")
         plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])
-    y = plan.reduce_scatter(call, flat, [a.size for a in arrays])
+    y = _fold.reduce_scatter(call, plan, flat, [a.size for a in arrays])
     return plan.finish(y).reshape(arrays[g.rank].shape)

@@ -18,8 +18,8 @@ import numpy as np
 import optree
 
 from fcoll import _debug
+from fcoll._plan import reduction_plan
 from fcoll.collectives import all_reduce, nonblocking
-from fcoll.collectives._plan import reduction_plan
 from fcoll.group import Group, member, resolve_group
 from fcoll.work import Operation, Work
 
