@@ -45,7 +45,7 @@ def _unavailable() -> str | None:
             return "no CUDA device"
     except Exception as error:
         return f"no usable cupy/GPU ({type(error).__name__}: {error})"
-    from fcoll.backends import nccl
+    from fcoll.gpu import nccl
 
     return None if nccl.available() else f"no NCCL ({nccl.why_unavailable()})"
 
@@ -102,7 +102,7 @@ def main() -> int:
     import cupy as cp
 
     import fcoll.gpu
-    from fcoll.backends import nccl
+    from fcoll.gpu import nccl
 
     fcoll.gpu.use_local_device()
     world, n = fc.world(), fc.get_world_size()

@@ -1,7 +1,12 @@
-"""Which backend moves an array: numpy -> MPI, cupy -> NCCL (or MPI without NCCL).
+"""Which backend moves an array: the one place that chooses (`backend_for`).
 
-The check goes through ``sys.modules``: if cupy was never imported, no array can be a
-cupy array, so numpy users never import cupy (and pay one dict lookup, only for inputs
+numpy arrays go to the host MPI transport (`fcoll.backends.mpi`); cupy arrays to NCCL
+(`fcoll.gpu.nccl`) where cupy has it, else to MPI: CUDA-aware (`fcoll.gpu.aware`) where
+the probe says so, else staged through host memory (`fcoll.gpu.staged`).
+``FCOLL_GPU_TRANSPORT=mpi`` skips NCCL, ``=nccl`` requires it.
+
+The array check goes through ``sys.modules``: if cupy was never imported, no array can be
+a cupy array, so numpy users never import cupy (and pay one dict lookup, only for inputs
 that are not exactly ``numpy.ndarray``).
 """
 
@@ -14,9 +19,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-Backend = Literal["mpi", "nccl", "mpi-gpu"]
+from fcoll.backends import Backend
+from fcoll.backends import mpi as host
+
 TRANSPORTS = ("auto", "nccl", "mpi")
 ENV = "FCOLL_GPU_TRANSPORT"
+_AWARE: list[bool] = []  # the probe's answer, asked once per process
 
 
 def is_cupy(x: object) -> bool:
@@ -51,26 +59,62 @@ def transport() -> Literal["auto", "nccl", "mpi"]:
     return value  # type: ignore[return-value]
 
 
-def gpu_backend() -> Backend:
+def aware() -> bool:
+    """Whether MPI takes device buffers (`fcoll.gpu.probe.cuda_aware_mpi`; None counts as
+    False), asked once per process."""
+    if not _AWARE:
+        from fcoll.gpu.probe import cuda_aware_mpi
+
+        _AWARE.append(bool(cuda_aware_mpi()))
+    return _AWARE[0]
+
+
+def _mpi_for_device() -> Backend:
+    from fcoll.gpu import aware as cuda_aware
+    from fcoll.gpu import staged
+
+    return cuda_aware if aware() else staged
+
+
+def gpu_backend(group: Any = None) -> Backend:
     """The backend for cupy arrays: NCCL where cupy has it (unless ``FCOLL_GPU_TRANSPORT=mpi``),
     else MPI (CUDA-aware or staged through host memory)."""
     choice = transport()
     if choice == "mpi":
-        return "mpi-gpu"
-    from fcoll.backends import nccl
+        return _mpi_for_device()
+    from fcoll.gpu import nccl
 
     if nccl.available():
-        return "nccl"
+        return nccl
     if choice == "nccl":
         raise RuntimeError(f"{ENV}=nccl: expected cupy with NCCL (cupy.cuda.nccl.available), "
                            f"got none ({nccl.why_unavailable()}); install nvidia-nccl-cu12 "
                            "or set FCOLL_GPU_TRANSPORT=mpi")
-    return "mpi-gpu"
+    return _mpi_for_device()
 
 
 def backend_for(x: object, group: Any = None) -> Backend:
-    """``"mpi"`` for numpy arrays, ``"nccl"`` or ``"mpi-gpu"`` for cupy arrays.
+    """The backend that moves ``x`` (an array, or a list of them: its first entry) within
+    ``group``: `fcoll.backends.mpi` for numpy, `gpu_backend` for cupy.
 
-    ``group`` is accepted for the interface of DESIGN.md; the choice does not depend on it.
+    ``group`` is part of the choice's interface; today every group of a job uses the same
+    transport for the same array kind.
+
+    Example:
+        >>> backend_for(np.ones(2)).NAME
+        'mpi'
     """
-    return gpu_backend() if is_cupy(x) else "mpi"
+    return gpu_backend(group) if is_cupy(x) else host
+
+
+def device(x: object, group: Any = None) -> Backend | None:
+    """The device backend for ``x``, or None for a host array (the public functions'
+    first question: ``if type(x) is not np.ndarray and (on := device(x, group))``)."""
+    return gpu_backend(group) if is_cupy(x) else None
+
+
+def device_list(xs: object, group: Any, fn: str, name: str) -> Backend | None:
+    """`device` for a list argument: None for lists of host arrays; `TypeError` naming the
+    entry if it mixes host and device arrays."""
+    return gpu_backend(group) if any_cupy(xs, fn, name) else None
+

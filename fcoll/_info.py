@@ -2,7 +2,7 @@
 
 `collect` starts MPI the way fcoll does (so the thread level shown is the one fcoll
 gets) and returns sections of ``name -> text``; `render_plain`, `render_rich` and
-``json.dumps`` present them. GPU facts come from ``fcoll._probe`` when that module exists,
+``json.dumps`` present them. GPU facts come from `fcoll.gpu.probe`,
 else from a minimal probe that never needs a GPU to succeed.
 """
 
@@ -14,7 +14,6 @@ import importlib.util
 import os
 import platform
 import sys
-import warnings
 from typing import Any
 
 Report = dict[str, dict[str, str]]
@@ -111,46 +110,26 @@ def _startup_section(MPI: Any) -> dict[str, str]:
     return shown
 
 
-def _minimal_gpu() -> tuple[dict[str, str], bool | None]:
-    """cupy / CUDA runtime / NCCL versions without a GPU being required."""
-    if importlib.util.find_spec("cupy") is None:
-        return {"cupy": "not installed"}, None
-    facts = {"cupy": "installed, fails to import"}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cupy: Any = importlib.import_module("cupy")
-            facts["cupy"] = str(cupy.__version__)
-            runtime = int(cupy.cuda.runtime.runtimeGetVersion())
-            facts["CUDA runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
-            try:
-                facts["GPUs"] = str(cupy.cuda.runtime.getDeviceCount())
-            except Exception as error:
-                facts["GPUs"] = f"none usable ({str(error).split(':')[0][:80] or type(error).__name__})"
-            try:
-                from cupy.cuda import nccl
+def _transport() -> str:
+    """The backend cupy arrays take here (`fcoll._dispatch.gpu_backend`), or why none."""
+    from fcoll._dispatch import gpu_backend
 
-                facts["NCCL"] = str(nccl.get_version())
-            except Exception:
-                facts["NCCL"] = "not available"
-    except Exception as error:
-        facts.setdefault("CUDA runtime", f"unavailable ({type(error).__name__})")
-    return facts, None
+    try:
+        return gpu_backend().NAME
+    except Exception as error:  # a report says what is wrong instead of raising
+        return f"unavailable ({type(error).__name__}: {error})"
 
 
 def _gpu_section() -> dict[str, str]:
+    from fcoll.gpu import probe
+
     try:
-        probe: Any = importlib.import_module("fcoll._probe")
-    except ImportError:
-        probe = None
-    try:
-        if probe is not None:
-            facts, aware = dict(probe.gpu_report()), probe.cuda_aware_mpi()
-        else:
-            facts, aware = _minimal_gpu()
+        facts, aware = probe.gpu_report(), probe.cuda_aware_mpi()
     except Exception as error:
         return {"probe": f"failed ({type(error).__name__}: {error})"}
     facts = {str(k): str(v) for k, v in facts.items()}
+    if facts.get("cupy") not in ("not installed", None) and "gpu.device_count" in facts:
+        facts["gpu.transport"] = _transport()
     facts["CUDA-aware MPI"] = {True: "yes", False: "no", None: "unknown"}[aware]
     return facts
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from fcoll._validate import check_array
-from fcoll.dtypes import BFLOAT16, NCCL_DATATYPES, check_dtype, check_op, wire_dtype, wire_op
+from fcoll.dtypes import BFLOAT16, check_dtype, check_op, wire_dtype, wire_op
 from fcoll.ops import NcclOp, PremulSum, ReduceOp, bool_op, mpi_op, nccl_op, resolve_op
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
@@ -145,15 +145,14 @@ def reduction_plan(x: np.ndarray, op: object, group: Any, fn: str) -> ReductionP
 class NcclPlan:
     """How one reduction of ``dtype`` travels on NCCL.
 
-    ``wire``: the dtype the data is cast to (``pairs``: viewed as twice as many reals of
-    it); ``datatype``/``op``: NCCL's codes; ``scale``: multiply by it before sending
+    ``wire_dtype``: the dtype the data is cast to, one NCCL reduces natively (``pairs``:
+    viewed as twice as many reals of it); ``op``: NCCL's op code; ``scale``: multiply by it before sending
     (premul_sum); ``divide``: divide the result by the group's size (avg without ncclAvg);
     ``parity``: the result is the low bit of an int32 sum (bool bxor).
     """
 
     dtype: np.dtype[Any]
     wire_dtype: np.dtype[Any]
-    datatype: int
     op: NcclOp
     pairs: bool = False
     scale: float | complex | None = None
@@ -201,7 +200,7 @@ def _unsupported(fn: str, op: ReduceOp | PremulSum, dtype: np.dtype[Any]) -> Not
 
 
 def _nccl(dtype: np.dtype[Any], wire: np.dtype[Any], op: NcclOp, **how: Any) -> NcclPlan:
-    return NcclPlan(dtype, wire, NCCL_DATATYPES[wire], op, **how)
+    return NcclPlan(dtype, wire, op, **how)
 
 
 def _bool_plan(op: ReduceOp, dtype: np.dtype[Any]) -> NcclPlan:

@@ -63,6 +63,15 @@ def check_dim(x: np.ndarray, dim: object, fn: str, name: str) -> int:
     return int(dim) % x.ndim
 
 
+def check_divisible(shape: Sequence[int], dim: int, n: int, fn: str, what: str,
+                    when: str = "") -> None:
+    """`ValueError` unless ``shape[dim]`` splits into ``n`` equal blocks (a 0-d shape never
+    does); ``what`` names the length (``"x.shape[0]"``), ``when`` the condition, if any."""
+    if len(shape) == 0 or shape[dim] % n:
+        raise ValueError(f"{fn}: expected {what} divisible by the group's size {n}{when}, "
+                         f"got shape {tuple(shape)}")
+
+
 def check_sizes(sizes: object, n: int, fn: str, name: str) -> list[int]:
     """A list of ``n`` non-negative ints."""
     if isinstance(sizes, (str, bytes, np.ndarray)) or not isinstance(sizes, Sequence):

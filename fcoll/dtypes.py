@@ -26,14 +26,6 @@ SUPPORTED: frozenset[np.dtype[Any]] = frozenset(
 ) | {BFLOAT16}
 
 _BY_NAME = {str(d): d for d in SUPPORTED}
-
-# ncclDataType_t codes (nccl.h; stable since NCCL 2.0, bfloat16 from 2.10). The other
-# dtypes are mapped onto these by `fcoll._plan.nccl_plan`.
-NCCL_DATATYPES: dict[np.dtype[Any], int] = {
-    np.dtype("int8"): 0, np.dtype("uint8"): 1, np.dtype("int32"): 2, np.dtype("uint32"): 3,
-    np.dtype("int64"): 4, np.dtype("uint64"): 5, np.dtype("float16"): 6,
-    np.dtype("float32"): 7, np.dtype("float64"): 8, BFLOAT16: 9,
-}
 _HALF = frozenset({np.dtype("float16"), BFLOAT16})
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 _ORDERED = (ReduceOp.MIN, ReduceOp.MAX)

@@ -46,7 +46,7 @@ class Group:
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
         self.call = Call(self, comm)  # the public call in progress (refreshed by `member`)
-        self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (backends.nccl)
+        self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (fcoll.gpu.nccl)
         self.nccl_device = -1  # the GPU it was made on
         self.side_comm: Any = None  # a Dup for tagged point-to-point steps (collectives.nonblocking)
 
@@ -167,7 +167,7 @@ class Group:
         if self is _runtime._state.world:
             raise ValueError("destroy: expected a group other than the world group")
         if self.nccl is not None:
-            from fcoll.backends import nccl
+            from fcoll.gpu import nccl
 
             nccl.destroy(self)
         if self._comm is not None and not self._destroyed:

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import is_cupy
+from fcoll._dispatch import device, is_cupy
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_permutation, check_rank
-from fcoll.collectives import gpu_mpi
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
+from fcoll.gpu import staged
 from fcoll.group import Group, member, resolve_group
 from fcoll.work import Call, Operation, RequestOperation, Work, backoff, timed_out, wait_request
 
@@ -117,7 +117,7 @@ def send(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> None:
         array([0, 1, 2])
     """
     if type(x) is not np.ndarray and is_cupy(x):  # sent from a host copy; recv gives numpy
-        x = gpu_mpi.to_host(x)
+        x = staged.to_host(x)
     g, call = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
     check_array(x, "send")
@@ -166,7 +166,7 @@ def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work
         (array([1]), None)
     """
     if type(x) is not np.ndarray and is_cupy(x):  # copied to the host at the call
-        x = gpu_mpi.to_host(x)
+        x = staged.to_host(x)
     g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
     check_array(x, "isend")
@@ -295,10 +295,10 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
         array([2])
     """
     fn = "permute_tensor"
-    if type(x) is not np.ndarray and is_cupy(x):
-        from fcoll.collectives import gpu
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        from fcoll.gpu import route
 
-        return gpu.run(fn, permute_tensor, x, src_dst, group)
+        return route.run(on, fn, permute_tensor, x, src_dst, group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, src_dst=src_dst):
         check_array(x, fn)

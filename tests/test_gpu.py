@@ -55,7 +55,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     import cupy
 
     if request.param == "nccl":
-        from fcoll.backends import nccl
+        from fcoll.gpu import nccl
 
         if not nccl.available():
             pytest.skip(f"no NCCL: {nccl.why_unavailable()}")

@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _dispatch, _probe
+from fcoll import _dispatch
 from fcoll._plan import V2_10, NcclPlan, nccl_plan
-from fcoll.dtypes import NCCL_DATATYPES as DATATYPES
+from fcoll.backends import mpi as host
+from fcoll.gpu import probe as _probe
+from fcoll.gpu import staged
+from fcoll.gpu.nccl import DATATYPES
 from fcoll.ops import NcclOp
 from tests.helpers import ALL_DTYPES, data, reference
 
@@ -39,7 +42,8 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type:
 
 def test_numpy_arrays_go_to_mpi():
     x = np.ones(3)
-    assert not _dispatch.is_cupy(x) and _dispatch.backend_for(x, None) == "mpi"
+    assert not _dispatch.is_cupy(x) and _dispatch.backend_for(x, None) is host
+    assert _dispatch.device(x, None) is None and _dispatch.device_list([x, x], None, "f", "xs") is None
     assert not _dispatch.any_cupy([x, x], "f", "xs") and not _dispatch.any_cupy(None, "f", "xs")
 
 
@@ -81,7 +85,24 @@ def test_bad_transport_names_the_variable(monkeypatch):
 
 def test_forced_mpi_transport_never_loads_nccl(monkeypatch):
     monkeypatch.setenv(_dispatch.ENV, "mpi")
-    assert _dispatch.gpu_backend() == "mpi-gpu"
+    monkeypatch.setenv(_probe.AWARE_ENV, "0")
+    monkeypatch.setattr(_dispatch, "_AWARE", [])
+    assert _dispatch.gpu_backend() is staged and "cupy.cuda.nccl" not in sys.modules
+
+
+def test_cuda_aware_mpi_gets_device_buffers(monkeypatch, fake_cupy):
+    from fcoll.gpu import aware
+
+    monkeypatch.setenv(_dispatch.ENV, "mpi")
+    monkeypatch.setattr(_dispatch, "_AWARE", [True])
+    assert _dispatch.backend_for(fake_cupy(), None) is aware
+    assert _dispatch.device_list([fake_cupy()], None, "f", "xs") is aware
+
+
+def test_nccl_required_but_missing_names_the_variable(monkeypatch, fake_cupy):
+    monkeypatch.setenv(_dispatch.ENV, "nccl")
+    with pytest.raises(RuntimeError, match=r"FCOLL_GPU_TRANSPORT=nccl: expected cupy with NCCL"):
+        _dispatch.backend_for(fake_cupy(), None)
 
 
 def test_cuda_aware_probe_does_not_crash(monkeypatch):
@@ -131,7 +152,7 @@ def test_nccl_plan_is_exact_or_refuses(dtype, op, version):
             nccl_plan(dtype, op, version, "all_reduce")
         return
     plan = nccl_plan(dtype, op, version, "all_reduce")
-    assert plan.wire_dtype in DATATYPES and DATATYPES[plan.wire_dtype] == plan.datatype
+    assert plan.wire_dtype in DATATYPES  # a dtype NCCL reduces natively
     assert plan.op != AVG or version >= V2_10
     assert str(plan.wire_dtype) != "bfloat16" or version >= V2_10
     for n in (1, 3):
@@ -157,3 +178,65 @@ def test_native_plans():
     assert nccl_plan("float32", "sum", 22105, "f").native
     assert nccl_plan("float16", "avg", 22105, "f").native
     assert not nccl_plan("int16", "sum", 22105, "f").native
+
+
+# Every public collective that routes cupy arrays, called with device-array arguments.
+ROUTED: dict[str, Any] = {
+    "all_reduce": lambda a, n: fc.all_reduce(a),
+    "reduce": lambda a, n: fc.reduce(a),
+    "reduce_scatter_tensor": lambda a, n: fc.reduce_scatter_tensor(a),
+    "reduce_scatter": lambda a, n: fc.reduce_scatter([a] * n),
+    "broadcast": lambda a, n: fc.broadcast(a),
+    "all_gather_into_tensor": lambda a, n: fc.all_gather_into_tensor(a),
+    "all_to_all_single": lambda a, n: fc.all_to_all_single(a),
+    "all_gather": lambda a, n: fc.all_gather(a),
+    "gather": lambda a, n: fc.gather(a),
+    "all_to_all": lambda a, n: fc.all_to_all([a] * n),
+    "all_reduce_coalesced": lambda a, n: fc.all_reduce_coalesced([a, a]),
+    "reduce_scatter_tensor_coalesced": lambda a, n: fc.reduce_scatter_tensor_coalesced([a]),
+    "all_gather_into_tensor_coalesced": lambda a, n: fc.all_gather_into_tensor_coalesced([a]),
+    "permute_tensor": lambda a, n: fc.permute_tensor(a, list(range(n))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_every_routed_function_reaches_the_chosen_backend(monkeypatch, fake_cupy, name):
+    from fcoll.gpu import route
+
+    chosen, seen = object(), []
+    monkeypatch.setattr(_dispatch, "gpu_backend", lambda group=None: chosen)
+    monkeypatch.setattr(route, "run", lambda backend, routed, numpy_fn, *args, **kwargs:
+                        seen.append((backend, routed, numpy_fn)) or "routed")
+    assert ROUTED[name](fake_cupy(), fc.get_world_size()) == "routed"
+    assert seen == [(chosen, name, getattr(fc, name))]
+
+
+def test_scatter_of_device_arrays_reaches_the_chosen_backend(monkeypatch, fake_cupy):
+    from fcoll.gpu import route
+
+    chosen, seen = object(), []
+    monkeypatch.setattr(_dispatch, "gpu_backend", lambda group=None: chosen)
+    monkeypatch.setattr(route, "scatter", lambda backend, chunks, src, group:
+                        seen.append((backend, len(chunks), src)) or "routed")
+    n = fc.get_world_size()
+    assert fc.scatter([fake_cupy()] * n, src=0, group=[fc.get_rank()]) == "routed"
+    assert seen == [(chosen, n, 0)]
+
+
+def test_route_tables_name_only_routed_collectives():
+    from fcoll.gpu import route
+
+    assert set(route.NCCL) == set(ROUTED)
+    assert set(route.AWARE) <= set(ROUTED) and route.TABLES["staged"] == {}
+
+
+@pytest.mark.parametrize("answer", ["direct", NotImplemented])
+def test_route_falls_back_to_staging(monkeypatch, answer):
+    """A backend's function answers, or says NotImplemented and the call is staged."""
+    from fcoll.gpu import aware, route
+
+    monkeypatch.setitem(route.AWARE, "broadcast", lambda backend, *args, **kwargs: answer)
+    monkeypatch.setattr(route.staged, "run", lambda numpy_fn, *args, **kwargs: ("staged", numpy_fn))
+    got = route.run(aware, "broadcast", fc.broadcast, "x")
+    assert got == ("direct" if answer == "direct" else ("staged", fc.broadcast))
+    assert route.run(staged, "broadcast", fc.broadcast, "x") == ("staged", fc.broadcast)

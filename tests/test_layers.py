@@ -20,10 +20,11 @@ PACKAGE = Path(fc.__file__).resolve().parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime")),
     ("operations in flight", ("fcoll.work",)),
-    ("transport", ("fcoll.backends",)),
+    ("transport", ("fcoll.backends", "fcoll.gpu.nccl", "fcoll.gpu.aware", "fcoll.gpu.staged")),
     ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._plan")),
-    ("dispatch", ("fcoll._dispatch", "fcoll._probe")),
+    ("dispatch", ("fcoll._dispatch", "fcoll.gpu.probe")),
     ("groups", ("fcoll.group", "fcoll.mesh", "fcoll.subgroups", "fcoll._debug")),
+    ("GPU collectives", ("fcoll.gpu.collectives", "fcoll.gpu.lists", "fcoll.gpu.route")),
     ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),
     ("on top", ("fcoll.lax", "fcoll.dp", "fcoll.gpu")),
     ("public names", ("fcoll.__init__",)),

@@ -1,1 +1,47 @@
-"""Transports: each moves contiguous buffers and does no validation or dtype policy."""
+"""The transport protocol: what a backend offers, whatever memory its buffers live in.
+
+A backend is a module whose functions move C-contiguous buffers of one array kind
+(numpy for `fcoll.backends.mpi`; cupy for `fcoll.gpu.nccl`, `fcoll.gpu.aware` and
+`fcoll.gpu.staged`). Each takes the call in progress first (`fcoll.work.Call`: group,
+communicator, deadline, call number), never validates its arguments and never applies
+dtype policy (`fcoll._plan` does). Reductions allocate and return their result in
+``send``'s dtype, with ``op`` the transport's own op code (``MPI.Op`` or `fcoll.ops.NcclOp`);
+data movement writes the bytes into the ``out`` the caller allocated and returns it.
+`fcoll._dispatch.backend_for` is the one place that picks a backend for an array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from fcoll.work import Call
+
+
+class Backend(Protocol):
+    """The operations every transport implements with these names and signatures.
+
+    ``NAME`` is the backend's name in `fcoll._dispatch` and ``fcoll info``.
+
+    Example:
+        >>> from fcoll import _dispatch
+        >>> _dispatch.backend_for(np.ones(2)).NAME       # on every rank
+        'mpi'
+    """
+
+    NAME: str
+
+    def allreduce(self, call: Call, send: Any, op: Any) -> Any: ...
+
+    def reduce(self, call: Call, send: Any, op: Any, root: int) -> Any | None: ...
+
+    def reduce_scatter_block(self, call: Call, send: Any, op: Any) -> Any: ...
+
+    def bcast(self, call: Call, buf: Any, root: int) -> Any: ...
+
+    def allgather(self, call: Call, send: Any, out: Any) -> Any: ...
+
+    def alltoall(self, call: Call, send: Any, out: Any) -> Any: ...
+
+    def alltoallv(self, call: Call, send: Any, send_counts: Sequence[int], out: Any,
+                  recv_counts: Sequence[int]) -> Any: ...

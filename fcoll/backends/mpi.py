@@ -19,6 +19,7 @@ import numpy as np
 from fcoll._runtime import mpi
 from fcoll.work import Call, wait_request
 
+NAME = "mpi"
 MPI = mpi()
 BYTE = MPI.BYTE
 
@@ -28,7 +29,7 @@ BYTE = MPI.BYTE
 # first operation of a call counts it in the group's call number (`Call.begin`).
 
 
-def _displs(counts: Sequence[int]) -> list[int]:
+def displs(counts: Sequence[int]) -> list[int]:
     return [0, *np.cumsum(counts[:-1], dtype=np.int64).tolist()] if counts else []
 
 
@@ -124,9 +125,9 @@ def allgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[i
     """``counts`` in bytes, one per rank."""
     comm = call.begin()
     if call.seconds is None:
-        comm.Allgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
+        comm.Allgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE])
     else:
-        wait_request(comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE]), call)
+        wait_request(comm.Iallgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE]), call)
     return out
 
 
@@ -141,9 +142,9 @@ def gatherv(call: Call, send: np.ndarray, out: np.ndarray | None, counts: Sequen
             wait_request(comm.Igatherv([send, BYTE], None, root), call)
         return None
     if call.seconds is None:
-        comm.Gatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root)
+        comm.Gatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE], root)
     else:
-        wait_request(comm.Igatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE], root), call)
+        wait_request(comm.Igatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE], root), call)
     return out
 
 
@@ -151,7 +152,7 @@ def scatterv(call: Call, send: np.ndarray | None, counts: Sequence[int], out: np
 ) -> np.ndarray:
     """``send`` and ``counts`` (bytes) are read on ``root`` only."""
     comm = call.begin()
-    spec = None if send is None else [send, (list(counts), _displs(counts)), BYTE]
+    spec = None if send is None else [send, (list(counts), displs(counts)), BYTE]
     if call.seconds is None:
         comm.Scatterv(spec, [out, BYTE], root)
     else:
@@ -176,8 +177,8 @@ def alltoallv(call: Call,
 ) -> np.ndarray:
     """Counts in bytes, one per rank."""
     comm = call.begin()
-    spec = ([send, (list(send_counts), _displs(send_counts)), BYTE],
-            [out, (list(recv_counts), _displs(recv_counts)), BYTE])
+    spec = ([send, (list(send_counts), displs(send_counts)), BYTE],
+            [out, (list(recv_counts), displs(recv_counts)), BYTE])
     if call.seconds is None:
         comm.Alltoallv(*spec)
     else:
@@ -216,7 +217,7 @@ def iallgather(call: Call, send: np.ndarray, out: np.ndarray) -> Any:
 
 def iallgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> Any:
     comm = call.begin()
-    return comm.Iallgatherv([send, BYTE], [out, (list(counts), _displs(counts)), BYTE])
+    return comm.Iallgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE])
 
 
 def igather(call: Call, send: np.ndarray, out: np.ndarray | None, root: int) -> Any:
@@ -233,8 +234,8 @@ def ialltoallv(call: Call, send: np.ndarray, send_counts: Sequence[int], out: np
                recv_counts: Sequence[int]) -> Any:
     comm = call.begin()
     return comm.Ialltoallv(
-        [send, (list(send_counts), _displs(send_counts)), BYTE],
-        [out, (list(recv_counts), _displs(recv_counts)), BYTE],
+        [send, (list(send_counts), displs(send_counts)), BYTE],
+        [out, (list(recv_counts), displs(recv_counts)), BYTE],
     )
 
 

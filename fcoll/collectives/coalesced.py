@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import any_cupy
+from fcoll._dispatch import device_list
 from fcoll._plan import reduction_plan
-from fcoll._validate import check_array
+from fcoll._validate import check_array, check_divisible
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _fold, gpu
+from fcoll.collectives import _fold
 from fcoll.dtypes import as_bytes
+from fcoll.gpu import route
 from fcoll.group import Group, member
 from fcoll.ops import Op
 
@@ -65,8 +66,8 @@ def all_reduce_coalesced(
         [array([2., 2.]), array([0, 2, 4])]
     """
     fn = "all_reduce_coalesced"
-    if any_cupy(xs, fn, "xs"):
-        return gpu.run(fn, all_reduce_coalesced, xs, op, group)
+    if (on := device_list(xs, group, fn, "xs")) is not None:
+        return route.run(on, fn, all_reduce_coalesced, xs, op, group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
@@ -91,8 +92,8 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
                [1, 1]])]
     """
     fn = "all_gather_into_tensor_coalesced"
-    if any_cupy(xs, fn, "xs"):
-        return gpu.run(fn, all_gather_into_tensor_coalesced, xs, group)
+    if (on := device_list(xs, group, fn, "xs")) is not None:
+        return route.run(on, fn, all_gather_into_tensor_coalesced, xs, group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, xs=xs):
         arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
@@ -119,16 +120,14 @@ def reduce_scatter_tensor_coalesced(
                [2.]])]
     """
     fn = "reduce_scatter_tensor_coalesced"
-    if any_cupy(xs, fn, "xs"):
-        return gpu.run(fn, reduce_scatter_tensor_coalesced, xs, op, group)
+    if (on := device_list(xs, group, fn, "xs")) is not None:
+        return route.run(on, fn, reduce_scatter_tensor_coalesced, xs, op, group)
     g, call = member(group, fn)
     n = g.size
     with _debug.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
         for i, x in enumerate(arrays):
-            if x.ndim == 0 or x.shape[0] % n:
-                raise ValueError(f"{fn}: expected xs[{i}].shape[0] divisible by the group's "
-                                 f"size {n}, got shape {x.shape}")
+            check_divisible(x.shape, 0, n, fn, f"xs[{i}].shape[0]")
         plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import any_cupy, is_cupy
+from fcoll._dispatch import device, device_list, gpu_backend
 from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
 from fcoll.backends import mpi as backend
-from fcoll.collectives import gpu
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dtypes import as_bytes, dtype_from_name
+from fcoll.gpu import route
 from fcoll.group import Group, member
 
 GroupArg = Group | Sequence[int] | None
@@ -35,8 +35,8 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
         [array([0]), array([0, 1])]
     """
     fn = "all_gather"
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run(fn, all_gather, x, group)
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, fn, all_gather, x, group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x):
         check_array(x, fn)
@@ -57,8 +57,8 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
         [array([0]), array([1])]
     """
     fn = "gather"
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run(fn, gather, x, dst, group)
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, fn, gather, x, dst, group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, dst=dst):
         root = check_rank(dst, g.size, fn, "dst")
@@ -81,8 +81,8 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
         array([11])
     """
     fn = "scatter"
-    if any_cupy(chunks, fn, "chunks"):
-        return gpu.scatter(chunks, src, group)  # type: ignore[no-any-return]
+    if (on := device_list(chunks, group, fn, "chunks")) is not None:
+        return route.scatter(on, chunks, src, group)  # type: ignore[no-any-return]
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, src=src):
         root = check_rank(src, g.size, fn, "src")
@@ -92,8 +92,9 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
         arrays = check_arrays(chunks, g.size, fn, "chunks") if g.rank == root else []
     if g.rank != root:
         shape, name = backend.scatter_obj(call, None, root)
-        if name.startswith(gpu.TAG):  # the root scatters cupy arrays: receive on the GPU
-            return gpu.scatter_receive(g, shape, name, root)  # type: ignore[no-any-return]
+        if name.startswith(route.TAG):  # the root scatters cupy arrays: receive on the GPU
+            return route.scatter_receive(  # type: ignore[no-any-return]
+                gpu_backend(g), g, shape, name, root)
         dtype = dtype_from_name(name)
         return backend.scatterv(call, None, [], np.empty(shape, dtype), root)
     backend.scatter_obj(call, [_meta(a) for a in arrays], root)
@@ -112,8 +113,8 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
         [array([0, 1]), array([1, 1])]
     """
     fn = "all_to_all"
-    if any_cupy(chunks, fn, "chunks"):
-        return gpu.run(fn, all_to_all, chunks, group)
+    if (on := device_list(chunks, group, fn, "chunks")) is not None:
+        return route.run(on, fn, all_to_all, chunks, group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")

@@ -12,12 +12,21 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import is_cupy
-from fcoll._validate import check_array, check_dim, check_rank, check_sizes, sizes_problem, split_problem
+from fcoll._dispatch import device
+from fcoll._validate import (
+    check_array,
+    check_dim,
+    check_divisible,
+    check_rank,
+    check_sizes,
+    sizes_problem,
+    split_problem,
+)
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _fast, gpu
+from fcoll.collectives import _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
+from fcoll.gpu import route
 from fcoll.group import Group, member
 from fcoll.work import Call, Work, complete_pending
 
@@ -50,8 +59,8 @@ def broadcast(
         if y is not None:
             return y
     g, call = member(group, "broadcast")
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run("broadcast", broadcast, x, src, group, async_op=async_op)
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, "broadcast", broadcast, x, src, group, async_op=async_op)
     with _debug.checked(g, call, "broadcast", x=x, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")
@@ -154,8 +163,8 @@ def all_gather_into_tensor(
         if y is not None:
             return y
     fn = "all_gather_into_tensor"
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run(fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
                        async_op=async_op)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, gather_dim=gather_dim, sizes=sizes):
@@ -194,11 +203,7 @@ def _checked_sizes(x: np.ndarray, dim: int, sizes: object, g: Group,
 
 
 def _even_splits(x: np.ndarray, n: int, fn: str) -> list[int]:
-    if x.shape[0] % n:
-        raise ValueError(
-            f"{fn}: expected x.shape[0] divisible by the group's size {n} when "
-            f"input_split_sizes is None, got shape {x.shape}"
-        )
+    check_divisible(x.shape, 0, n, fn, "x.shape[0]", " when input_split_sizes is None")
     return [x.shape[0] // n] * n
 
 
@@ -266,8 +271,8 @@ def all_to_all_single(
         if y is not None:
             return y
     fn = "all_to_all_single"
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run(fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
                        async_op=async_op)
     g, call = member(group, fn)
     n = g.size

@@ -12,11 +12,12 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import any_cupy, is_cupy
+from fcoll._dispatch import device, device_list
 from fcoll._plan import reduction_plan
-from fcoll._validate import check_arrays, check_dim, check_rank
+from fcoll._validate import check_arrays, check_dim, check_divisible, check_rank
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _fast, _fold, gpu, nonblocking
+from fcoll.collectives import _fast, _fold, nonblocking
+from fcoll.gpu import route
 from fcoll.group import Group, member
 from fcoll.ops import Op
 from fcoll.work import Work
@@ -56,8 +57,8 @@ def all_reduce(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run("all_reduce", all_reduce, x, op, group, async_op=async_op)
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, "all_reduce", all_reduce, x, op, group, async_op=async_op)
     g, call = member(group, "all_reduce")
     with _debug.checked(g, call, "all_reduce", x=x, op=op):
         plan = reduction_plan(x, op, g, "all_reduce")
@@ -95,8 +96,8 @@ def reduce(
         >>> y                                            # rank 0; None on ranks 1, 2
         array([6])
     """
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run("reduce", reduce, x, dst, op, group, async_op=async_op)
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, "reduce", reduce, x, dst, op, group, async_op=async_op)
     g, call = member(group, "reduce")
     with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
         root = check_rank(dst, g.size, "reduce", "dst")
@@ -151,18 +152,16 @@ def reduce_scatter_tensor(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
-    if type(x) is not np.ndarray and is_cupy(x):
-        return gpu.run("reduce_scatter_tensor", reduce_scatter_tensor, x, op, group, scatter_dim=scatter_dim,
-                       async_op=async_op)
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, "reduce_scatter_tensor", reduce_scatter_tensor, x, op, group,
+                         scatter_dim=scatter_dim, async_op=async_op)
     fn = "reduce_scatter_tensor"
     g, call = member(group, fn)
     n = g.size
     with _debug.checked(g, call, fn, x=x, op=op, scatter_dim=scatter_dim):
         plan = reduction_plan(x, op, g, fn)
         dim = check_dim(x, scatter_dim, fn, "scatter_dim")
-        if x.shape[dim] % n:
-            raise ValueError(f"{fn}: expected x.shape[{scatter_dim}] divisible by the group's "
-                             f"size {n}, got shape {x.shape}")
+        check_divisible(x.shape, dim, n, fn, f"x.shape[{scatter_dim}]")
     if not async_op and plan.direct and dim == 0 and x.flags.c_contiguous:  # the common case
         if type(op) is str and type(scatter_dim) is int:
             _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op)
@@ -186,8 +185,8 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         >>> y                                                 # rank 1; rank 0: [2.]
         array([2., 2.])
     """
-    if any_cupy(chunks, "reduce_scatter", "chunks"):
-        return gpu.run("reduce_scatter", reduce_scatter, chunks, op, group)
+    if (on := device_list(chunks, group, "reduce_scatter", "chunks")) is not None:
+        return route.run(on, "reduce_scatter", reduce_scatter, chunks, op, group)
     fn = "reduce_scatter"
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, chunks=chunks, op=op):

@@ -61,19 +61,12 @@ def gpu_report() -> dict[str, str]:
     report = {"cupy": str(cupy.__version__),
               "cuda.runtime": _try(lambda: _cuda_version(cupy.cuda.runtime.runtimeGetVersion())),
               "cuda.driver": _try(lambda: _cuda_version(cupy.cuda.runtime.driverGetVersion())),
-              "nccl": _try(_nccl_version),
-              "gpu.transport": _try(_transport)}
+              "nccl": _try(_nccl_version)}
     try:
         report.update(_devices(cupy))
     except Exception as error:
         report["gpu.device_count"] = f"0 ({type(error).__name__}: {error})"
     return report
-
-
-def _transport() -> str:
-    from fcoll._dispatch import gpu_backend
-
-    return {"nccl": "nccl", "mpi-gpu": "mpi"}[gpu_backend()]
 
 
 def _info_kinds() -> str | None:

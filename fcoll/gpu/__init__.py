@@ -1,12 +1,13 @@
-"""GPU helpers for cupy users: pick this rank's device before allocating arrays.
+"""fcoll on GPUs: cupy arrays over NCCL, CUDA-aware MPI, or MPI through host memory.
 
-Importing this module does not import cupy; calling `use_local_device` does.
+The public helper is `use_local_device`. The package holds the whole GPU path:
+the device transports (`nccl`, `aware`, `staged`, each a `fcoll.backends.Backend`), the
+collectives written over them (`collectives`, `lists`), the table that routes a public
+collective to them (`route`) and what this process can do (`probe`). Importing it does
+not import cupy (nor anything else: submodules load when used).
 """
 
 from __future__ import annotations
-
-from fcoll.backends import nccl
-from fcoll.group import world
 
 
 def use_local_device() -> int:
@@ -23,6 +24,9 @@ def use_local_device() -> int:
         1
     """
     import cupy
+
+    from fcoll.gpu import nccl
+    from fcoll.group import world
 
     device = nccl.local_device(world().comm("use_local_device"))
     cupy.cuda.Device(device).use()

@@ -1,10 +1,11 @@
-"""The NCCL transport: ``cupy.cuda.nccl`` on cupy's current stream.
+"""The NCCL transport: ``cupy.cuda.nccl`` on cupy's current stream (a `fcoll.backends.Backend`).
 
-Every function takes C-contiguous cupy buffers and enqueues NCCL work on the current
-stream; none synchronises the host or validates its arguments (callers do). Counts are
-in elements of the NCCL datatype passed. A group's NCCL communicator is created on its
-first GPU call (the unique id travels by ``Bcast`` over the group's MPI communicator)
-and destroyed with the group.
+Every operation takes the call in progress and C-contiguous cupy buffers, and enqueues
+NCCL work on the current stream; none synchronises the host or validates its arguments
+(callers do). Reductions travel as ``send``'s dtype (`fcoll.dtypes.NCCL_DATATYPES`) with
+an `fcoll.ops.NcclOp`; data movement travels as bytes, so it is bit-exact for every
+dtype. A group's NCCL communicator is created on its first GPU call (the unique id
+travels by ``Bcast`` over the group's MPI communicator) and destroyed with the group.
 """
 
 from __future__ import annotations
@@ -16,7 +17,21 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
 from fcoll import _runtime
+from fcoll.work import Call
+
+NAME = "nccl"
+# ncclDataType_t codes (nccl.h; stable since NCCL 2.0, bfloat16 from 2.10). The other
+# dtypes fcoll accepts are mapped onto these by `fcoll._plan.nccl_plan`.
+DATATYPES: dict[np.dtype[Any], int] = {
+    np.dtype("int8"): 0, np.dtype("uint8"): 1, np.dtype("int32"): 2, np.dtype("uint32"): 3,
+    np.dtype("int64"): 4, np.dtype("uint64"): 5, np.dtype("float16"): 6,
+    np.dtype("float32"): 7, np.dtype("float64"): 8, np.dtype(ml_dtypes.bfloat16): 9,
+}
+UINT8 = DATATYPES[np.dtype("uint8")]
 
 DEVICE_ENV = "FCOLL_GPU_DEVICE"
 _why = ""
@@ -147,29 +162,73 @@ def _ptr(a: Any) -> int:
     return int(a.data.ptr)
 
 
-def allreduce(comm: Any, send: Any, out: Any, count: int, datatype: int, op: int) -> Any:
-    comm.allReduce(_ptr(send), _ptr(out), count, datatype, op, stream_ptr())
+def communicator_for(call: Call, buf: Any) -> Any:
+    """The NCCL communicator of the call's group, on ``buf``'s device; counts the call."""
+    call.begin()
+    return communicator(call.group, int(buf.device.id), call.fn)
+
+
+def _bytes(a: Any) -> Any:
+    return a.reshape(-1).view(np.uint8)
+
+
+def allreduce(call: Call, send: Any, op: int) -> Any:
+    comm, out = communicator_for(call, send), _empty_like(send)
+    comm.allReduce(_ptr(send), _ptr(out), send.size, DATATYPES[send.dtype], op, stream_ptr())
     return out
 
 
-def reduce(comm: Any, send: Any, out: Any, count: int, datatype: int, op: int, root: int) -> Any:
-    """``out`` is written on ``root`` only (other ranks may pass ``send`` as ``out``)."""
-    comm.reduce(_ptr(send), _ptr(out), count, datatype, op, root, stream_ptr())
+def reduce(call: Call, send: Any, op: int, root: int) -> Any | None:
+    """The result on ``root``; None elsewhere (NCCL reads recvbuff on the root only)."""
+    comm = communicator_for(call, send)
+    out = _empty_like(send) if call.group.rank == root else send
+    comm.reduce(_ptr(send), _ptr(out), send.size, DATATYPES[send.dtype], op, root,
+                stream_ptr())
+    return out if call.group.rank == root else None
+
+
+def reduce_scatter_block(call: Call, send: Any, op: int) -> Any:
+    """Block ``rank`` of ``send`` split evenly along axis 0, reduced."""
+    comm, n = communicator_for(call, send), call.group.size
+    import cupy
+
+    out = cupy.empty((send.shape[0] // n, *send.shape[1:]), send.dtype)
+    comm.reduceScatter(_ptr(send), _ptr(out), out.size, DATATYPES[send.dtype], op,
+                       stream_ptr())
     return out
 
 
-def reduce_scatter(comm: Any, send: Any, out: Any, recvcount: int, datatype: int, op: int) -> Any:
-    comm.reduceScatter(_ptr(send), _ptr(out), recvcount, datatype, op, stream_ptr())
+def bcast(call: Call, buf: Any, root: int) -> Any:
+    """``root``'s bytes of ``buf`` into ``buf`` on every rank (in place)."""
+    comm = communicator_for(call, buf)
+    comm.broadcast(_ptr(buf), _ptr(buf), buf.nbytes, UINT8, root, stream_ptr())
+    return buf
+
+
+def allgather(call: Call, send: Any, out: Any) -> Any:
+    comm = communicator_for(call, send)
+    comm.allGather(_ptr(send), _ptr(out), send.nbytes, UINT8, stream_ptr())
     return out
 
 
-def broadcast(comm: Any, send: Any, out: Any, count: int, datatype: int, root: int) -> Any:
-    comm.broadcast(_ptr(send), _ptr(out), count, datatype, root, stream_ptr())
-    return out
+def alltoall(call: Call, send: Any, out: Any) -> Any:
+    """Even blocks of bytes: block ``p`` of ``send`` to rank ``p``, into block ``p`` of ``out``."""
+    n = call.group.size
+    counts = [send.nbytes // n] * n
+    return alltoallv(call, send, counts, out, [out.nbytes // n] * n)
 
 
-def allgather(comm: Any, send: Any, out: Any, count: int, datatype: int) -> Any:
-    comm.allGather(_ptr(send), _ptr(out), count, datatype, stream_ptr())
+def alltoallv(call: Call, send: Any, send_counts: Sequence[int], out: Any,
+              recv_counts: Sequence[int]) -> Any:
+    """Counts in bytes, one per rank (grouped sends and receives)."""
+    comm = communicator_for(call, send)
+    data, into = _bytes(send), _bytes(out)
+    sends, recvs, a, b = [], [], 0, 0
+    for peer, (s, r) in enumerate(zip(send_counts, recv_counts, strict=True)):
+        sends.append((data[a : a + s], peer))
+        recvs.append((into[b : b + r], peer))
+        a, b = a + s, b + r
+    exchange(comm, sends, recvs)
     return out
 
 
@@ -180,7 +239,13 @@ def exchange(comm: Any, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[
     with grouped():
         for buf, peer in sends:
             if buf.size:
-                comm.send(_ptr(buf), buf.size, 1, peer, stream)
+                comm.send(_ptr(buf), buf.size, UINT8, peer, stream)
         for buf, peer in recvs:
             if buf.size:
-                comm.recv(_ptr(buf), buf.size, 1, peer, stream)
+                comm.recv(_ptr(buf), buf.size, UINT8, peer, stream)
+
+
+def _empty_like(a: Any) -> Any:
+    import cupy
+
+    return cupy.empty(a.shape, a.dtype)
