@@ -187,6 +187,12 @@ class Group:
 _LIST_GROUPS: dict[tuple[int, ...], Group] = {}
 
 
+# What every public function accepts as its ``group`` argument (`resolve_group`): a
+# `Group`, a list of global ranks (a group made on first use, then cached), None for the
+# whole job, or, inside ``with mesh:``, mesh axis names.
+GroupArg = Group | Sequence[int] | str | None
+
+
 def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
     """Start fcoll: MPI (if not started) and the world group. Idempotent.
 
@@ -350,7 +356,7 @@ def member(group: object, fn: str) -> tuple[Group, Call]:
     return g, call
 
 
-def get_rank(group: Group | Sequence[int] | None = None) -> int:
+def get_rank(group: GroupArg = None) -> int:
     """This process's rank in ``group`` (the job when ``None``); -1 on a non-member.
 
     Example:
@@ -360,7 +366,7 @@ def get_rank(group: Group | Sequence[int] | None = None) -> int:
     return resolve_group(group, "get_rank").rank
 
 
-def get_world_size(group: Group | Sequence[int] | None = None) -> int:
+def get_world_size(group: GroupArg = None) -> int:
     """The number of processes in ``group`` (the job when ``None``); -1 on a non-member.
 
     Example:

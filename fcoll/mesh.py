@@ -29,7 +29,7 @@ class Mesh:
 
     def __init__(self, shape: Sequence[int], names: Sequence[str], group: Any = None) -> None:
         self.parent = resolve_group(group, "Mesh")
-        self.shape, self.names = _check(shape, names, self.parent.size)
+        self.shape, self.names = _check_shape(shape, names, self.parent.size)
         self._groups: dict[tuple[str, ...], Group] = {}
         for name in self.names:
             self.group(name)
@@ -103,7 +103,7 @@ class Mesh:
         return f"Mesh(shape={self.shape}, names={self.names}, ranks={list(self.parent.ranks)})"
 
 
-def _check(shape: object, names: object, size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def _check_shape(shape: object, names: object, size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     if not isinstance(shape, Sequence) or not all(
             isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
         raise ValueError(f"Mesh: expected shape to be a tuple of positive ints, got {shape!r}")

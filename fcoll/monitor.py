@@ -8,18 +8,16 @@ collective barrier, a missing rank cannot make the others hang past the deadline
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from fcoll import _runtime
 from fcoll._runtime import Timeout, to_seconds
-from fcoll.group import Group, member
+from fcoll.group import Group, GroupArg, member
 from fcoll.p2p import BYTE, MONITOR_TAG
 from fcoll.work import Call
 
-GroupArg = Group | Sequence[int] | None
 _OK, _FAILED = 1, 0
 
 

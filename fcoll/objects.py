@@ -20,10 +20,8 @@ import numpy as np
 from fcoll import _debug
 from fcoll._validate import check_rank
 from fcoll.backends import mpi as backend
-from fcoll.group import Group, member
+from fcoll.group import GroupArg, member
 from fcoll.work import Call
-
-GroupArg = Group | Sequence[int] | None
 
 
 def _dumps(obj: object) -> tuple[bytes, BaseException | None]:

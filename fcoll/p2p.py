@@ -24,10 +24,9 @@ from fcoll._validate import check_array, check_permutation, check_rank
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.gpu import staged
-from fcoll.group import Group, member, resolve_group
+from fcoll.group import Group, GroupArg, member, resolve_group
 from fcoll.work import Call, Operation, RequestOperation, Work, backoff, timed_out, wait_request
 
-GroupArg = Group | Sequence[int] | None
 MPI = mpi()
 BYTE = MPI.BYTE
 INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header message
@@ -87,7 +86,7 @@ def _send(call: Call, buf: Any, peer: int, tag: int) -> None:
         wait_request(call.comm.Isend([buf, BYTE], peer, tag), call)
 
 
-def _probe(call: Call, source: int, tag: int, status: Any) -> Any:
+def _probe_message(call: Call, source: int, tag: int, status: Any) -> Any:
     """A matched probe, bounded by the call's deadline when one is set."""
     seconds = call.seconds
     if seconds is None:
@@ -143,7 +142,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     source = MPI.ANY_SOURCE if src is None else _peer(src, g, "recv", "src", self_ok=False)
     tag = _tag(tag, "recv")
     status = MPI.Status()
-    message = _probe(call, source, 2 * tag, status)
+    message = _probe_message(call, source, 2 * tag, status)
     buf = np.empty(status.Get_count(BYTE), np.uint8)
     message.Recv([buf, BYTE])
     kind, dtype, shape, offset = _parse(buf)
@@ -151,7 +150,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
         out = _inline(buf, dtype, shape, offset)
     else:
         out = np.empty(shape, dtype)
-        data = _probe(call, status.Get_source(), 2 * tag + 1, MPI.Status())
+        data = _probe_message(call, status.Get_source(), 2 * tag + 1, MPI.Status())
         data.Recv([out, BYTE])
     return (out, status.Get_source()) if return_source else out
 

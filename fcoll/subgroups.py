@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fcoll import _runtime
-from fcoll.group import Group, resolve_group, world
+from fcoll.group import Group, GroupArg, resolve_group, world
 
 
 def _split_into(parent: Group, blocks: list[tuple[int, ...]], fn: str) -> Group | None:
@@ -28,7 +28,7 @@ def _groups(blocks: list[tuple[int, ...]], mine: Group | None) -> list[Group]:
 
 
 def new_subgroups(
-    group_size: int | None = None, group: Group | Sequence[int] | None = None
+    group_size: int | None = None, group: GroupArg = None
 ) -> tuple[Group, list[Group]]:
     """Split ``group`` (the job when ``None``) into consecutive blocks of ``group_size``.
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _info
-from fcoll._check import Verdict, report, verdicts
-from fcoll._checks import CHECKS, same
+from fcoll.cli import info as _info
+from fcoll.cli.check_cases import CHECKS, same
+from fcoll.cli.check_job import Verdict, report, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 spawns = pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")

@@ -28,8 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),
     ("on top", ("fcoll.lax", "fcoll.dp", "fcoll.gpu")),
     ("public names", ("fcoll.__init__",)),
-    ("tooling", ("fcoll.testing", "fcoll._testing_sync", "fcoll._check", "fcoll._checks",
-                 "fcoll._info", "fcoll.__main__", "fcoll.run")),
+    ("tooling", ("fcoll.testing", "fcoll.cli", "fcoll.__main__", "fcoll.run")),
 ]
 
 

@@ -221,7 +221,8 @@ if sys.argv[1:] == ["fcoll-first"]:
     import fcoll
 from mpi4py import MPI
 import fcoll, os
-from fcoll import _info, _runtime
+from fcoll import _runtime
+from fcoll.cli import info as _info
 fcoll.init()
 section = _info._startup_section(MPI)
 report = {"oversubscribed": _runtime.OVERSUBSCRIBED, "not in effect": section["not in effect"],

@@ -20,10 +20,8 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives import _fold
 from fcoll.dtypes import as_bytes
 from fcoll.gpu import route
-from fcoll.group import Group, member
+from fcoll.group import GroupArg, member
 from fcoll.ops import Op
-
-GroupArg = Group | Sequence[int] | None
 
 
 def _checked(xs: object, fn: str) -> list[np.ndarray]:

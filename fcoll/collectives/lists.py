@@ -17,9 +17,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dtypes import as_bytes, dtype_from_name
 from fcoll.gpu import route
-from fcoll.group import Group, member
-
-GroupArg = Group | Sequence[int] | None
+from fcoll.group import GroupArg, member
 
 
 def _meta(x: np.ndarray) -> tuple[tuple[int, ...], str]:

@@ -27,10 +27,8 @@ from fcoll.collectives import _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.gpu import route
-from fcoll.group import Group, member
+from fcoll.group import Group, GroupArg, member
 from fcoll.work import Call, Work, complete_pending
-
-GroupArg = Group | Sequence[int] | None
 
 
 @overload
@@ -58,9 +56,9 @@ def broadcast(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
-    g, call = member(group, "broadcast")
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, "broadcast", broadcast, x, src, group, async_op=async_op)
+    g, call = member(group, "broadcast")
     with _debug.checked(g, call, "broadcast", x=x, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")

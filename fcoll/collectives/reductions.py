@@ -18,11 +18,9 @@ from fcoll._validate import check_arrays, check_dim, check_divisible, check_rank
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast, _fold, nonblocking
 from fcoll.gpu import route
-from fcoll.group import Group, member
+from fcoll.group import GroupArg, member
 from fcoll.ops import Op
 from fcoll.work import Work
-
-GroupArg = Group | Sequence[int] | None
 
 
 @overload

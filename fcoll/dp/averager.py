@@ -10,7 +10,7 @@ group size, cast to half precision for the wire and cast back.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_dtypes
@@ -20,10 +20,9 @@ import optree
 from fcoll import _debug
 from fcoll._plan import reduction_plan
 from fcoll.collectives import all_reduce, nonblocking
-from fcoll.group import Group, member, resolve_group
+from fcoll.group import Group, GroupArg, member, resolve_group
 from fcoll.work import Operation, Work
 
-GroupArg = Group | Sequence[int] | None
 Hook = Callable[[np.ndarray, GroupArg], "Work | np.ndarray"]
 
 

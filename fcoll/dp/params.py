@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -10,10 +9,8 @@ import optree
 
 from fcoll.collectives import all_reduce_coalesced, broadcast
 from fcoll.collectives._common import pack, unpack
-from fcoll.group import Group
+from fcoll.group import GroupArg
 from fcoll.objects import all_gather_object
-
-GroupArg = Group | Sequence[int] | None
 
 
 def _path(path: tuple[Any, ...]) -> str:

@@ -21,7 +21,7 @@ CHECKS: dict[str, Check] = {}
 _N = 6  # elements per rank in most checks
 
 
-def _check(name: str) -> Callable[[Check], Check]:
+def _case(name: str) -> Callable[[Check], Check]:
     def register(fn: Check) -> Check:
         CHECKS[name] = fn
         return fn
@@ -84,54 +84,54 @@ for _op, _dtype in [("sum", "float64"), ("avg", "float64"), ("product", "float64
                     ("sum", "complex128"), ("sum", "float16"), ("sum", "bfloat16"),
                     ("band", "int32"), ("bor", "uint8"), ("bxor", "int64")]:
     _dt = ml_dtypes.bfloat16 if _dtype == "bfloat16" else _dtype
-    _check(f"all_reduce {_op} {_dtype}")(_all_reduce(_op, _dt))
+    _case(f"all_reduce {_op} {_dtype}")(_all_reduce(_op, _dt))
 
 
-@_check("all_reduce sum bool")
+@_case("all_reduce sum bool")
 def _all_reduce_bool(rank: int, size: int) -> None:
     flag = np.array([rank == 0, rank == size - 1, True, False])
     same(fc.all_reduce(flag), np.array([True, True, True, False]))
 
 
-@_check("reduce")
+@_case("reduce")
 def _reduce(rank: int, size: int) -> None:
     dst = size - 1
     same(fc.reduce(data(rank), dst=dst), reduced(size, "sum", np.float64) if rank == dst else None)
 
 
-@_check("broadcast")
+@_case("broadcast")
 def _broadcast(rank: int, size: int) -> None:
     same(fc.broadcast(data(rank, np.int16), src=size - 1), data(size - 1, np.int16))
 
 
-@_check("all_gather_into_tensor")
+@_case("all_gather_into_tensor")
 def _all_gather_into_tensor(rank: int, size: int) -> None:
     x = data(rank).reshape(2, 3)
     want = np.concatenate([data(r).reshape(2, 3) for r in range(size)], axis=1)
     same(fc.all_gather_into_tensor(x, gather_dim=1), want)
 
 
-@_check("all_gather_into_tensor sizes=auto")
+@_case("all_gather_into_tensor sizes=auto")
 def _all_gather_v(rank: int, size: int) -> None:
     want = np.concatenate([data(r, n=r + 1) for r in range(size)])
     same(fc.all_gather_into_tensor(data(rank, n=rank + 1), sizes="auto"), want)
 
 
-@_check("reduce_scatter_tensor")
+@_case("reduce_scatter_tensor")
 def _reduce_scatter_tensor(rank: int, size: int) -> None:
     x = np.concatenate([data(rank + b) for b in range(size)])
     want = sum(np.concatenate([data(r + b) for b in range(size)]) for r in range(size))
     same(fc.reduce_scatter_tensor(x), np.split(want, size)[rank])
 
 
-@_check("all_to_all_single")
+@_case("all_to_all_single")
 def _all_to_all_single(rank: int, size: int) -> None:
     x = np.arange(size * 2) + 100 * rank  # block i (2 rows) goes to rank i
     want = np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(size)])
     same(fc.all_to_all_single(x), want)
 
 
-@_check("all_to_all_single uneven splits")
+@_case("all_to_all_single uneven splits")
 def _all_to_all_single_v(rank: int, size: int) -> None:
     sends = [i + 1 for i in range(size)]  # every rank sends i+1 rows to rank i
     x = np.concatenate([np.full(k, 10 * rank + i) for i, k in enumerate(sends)])
@@ -139,7 +139,7 @@ def _all_to_all_single_v(rank: int, size: int) -> None:
     same(fc.all_to_all_single(x, input_split_sizes=sends), want)
 
 
-@_check("all_gather (list)")
+@_case("all_gather (list)")
 def _all_gather(rank: int, size: int) -> None:
     got = fc.all_gather(data(rank, n=rank + 1))
     assert len(got) == size, f"expected {size} arrays, got {len(got)}"
@@ -147,7 +147,7 @@ def _all_gather(rank: int, size: int) -> None:
         same(y, data(r, n=r + 1), f"entry {r}")
 
 
-@_check("gather (list)")
+@_case("gather (list)")
 def _gather(rank: int, size: int) -> None:
     got = fc.gather(data(rank), dst=0)
     if rank != 0:
@@ -158,37 +158,37 @@ def _gather(rank: int, size: int) -> None:
         same(y, data(r), f"entry {r}")
 
 
-@_check("scatter (list)")
+@_case("scatter (list)")
 def _scatter(rank: int, size: int) -> None:
     chunks = [data(r, np.int32) for r in range(size)] if rank == 0 else None
     same(fc.scatter(chunks, src=0), data(rank, np.int32))
 
 
-@_check("reduce_scatter (list)")
+@_case("reduce_scatter (list)")
 def _reduce_scatter(rank: int, size: int) -> None:
     chunks = [data(rank + i, n=i + 1) for i in range(size)]
     want = sum(data(r + rank, n=rank + 1) for r in range(size))
     same(fc.reduce_scatter(chunks), want)
 
 
-@_check("all_to_all (list)")
+@_case("all_to_all (list)")
 def _all_to_all(rank: int, size: int) -> None:
     got = fc.all_to_all([np.full(i + 1, 10 * rank + i) for i in range(size)])
     for r, y in enumerate(got):
         same(y, np.full(rank + 1, 10 * r + rank), f"entry {r}")
 
 
-@_check("barrier")
+@_case("barrier")
 def _barrier(rank: int, size: int) -> None:
     fc.barrier()
 
 
-@_check("monitored_barrier")
+@_case("monitored_barrier")
 def _monitored_barrier(rank: int, size: int) -> None:
     fc.monitored_barrier(timeout=30)
 
 
-@_check("send/recv ring")
+@_case("send/recv ring")
 def _send_recv(rank: int, size: int) -> None:
     if size == 1:
         return
@@ -202,7 +202,7 @@ def _send_recv(rank: int, size: int) -> None:
     same(got, data(left))
 
 
-@_check("isend/irecv")
+@_case("isend/irecv")
 def _isend_irecv(rank: int, size: int) -> None:
     right, left = (rank + 1) % size, (rank - 1) % size
     receive = fc.irecv(left, tag=3)
@@ -211,7 +211,7 @@ def _isend_irecv(rank: int, size: int) -> None:
     send.wait()
 
 
-@_check("batch_isend_irecv")
+@_case("batch_isend_irecv")
 def _batch(rank: int, size: int) -> None:
     right, left = (rank + 1) % size, (rank - 1) % size
     works = fc.batch_isend_irecv([fc.P2POp(fc.isend, data(rank), right),
@@ -219,13 +219,13 @@ def _batch(rank: int, size: int) -> None:
     same(fc.wait_all(works)[1], data(left))
 
 
-@_check("permute_tensor")
+@_case("permute_tensor")
 def _permute(rank: int, size: int) -> None:
     shift = [(i + 1) % size for i in range(size)]
     same(fc.permute_tensor(data(rank), shift), data((rank - 1) % size))
 
 
-@_check("objects")
+@_case("objects")
 def _objects(rank: int, size: int) -> None:
     mine = {"rank": rank, "name": f"r{rank}"}
     assert fc.all_gather_object(mine) == [{"rank": r, "name": f"r{r}"} for r in range(size)]
@@ -236,7 +236,7 @@ def _objects(rank: int, size: int) -> None:
     assert fc.scatter_object(objs, src=0) == ("to", rank)
 
 
-@_check("coalesced")
+@_case("coalesced")
 def _coalesced(rank: int, size: int) -> None:
     xs = [data(rank), data(rank, np.int32, n=2 * size)]
     got = fc.all_reduce_coalesced(xs)
@@ -248,7 +248,7 @@ def _coalesced(rank: int, size: int) -> None:
     same(scattered[0], np.split(got[1], size)[rank], "reduce_scatter_tensor_coalesced[0]")
 
 
-@_check("async (Work)")
+@_case("async (Work)")
 def _async(rank: int, size: int) -> None:
     x = data(rank)
     works = [fc.all_reduce(x, "max", async_op=True),
@@ -261,7 +261,7 @@ def _async(rank: int, size: int) -> None:
     same(total, np.float64(sum(data(r).sum() for r in range(size))), "then(sum)")
 
 
-@_check("subgroup (split)")
+@_case("subgroup (split)")
 def _subgroup(rank: int, size: int) -> None:
     group = fc.world().split(color=rank % 2)
     try:

@@ -38,8 +38,8 @@ from typing import Any
 import pytest
 
 import fcoll
-from fcoll import _testing_sync as syncing
 from fcoll._runtime import mpi
+from fcoll.testing import sync as syncing
 
 DEFAULT_TIMEOUT = 240.0
 TIMEOUT_ENV = "FCOLL_TEST_TIMEOUT"

@@ -23,8 +23,8 @@ from typing import Any
 
 from fcoll.group import Group
 
-_FCOLL_DIR = Path(__file__).resolve().parent
-_OWN_FILES = {str(_FCOLL_DIR / "testing.py"), str(_FCOLL_DIR / "_testing_sync.py")}
+_TESTING_DIR = Path(__file__).resolve().parent  # this plugin's own frames are not fcoll's
+_FCOLL_DIR = _TESTING_DIR.parent
 _ARRIVED_TAG = 7171
 HANG_EXIT = 1  # pytest's "tests failed": a hang is reported as a failed test
 
@@ -36,7 +36,7 @@ def grace_seconds(limit: float) -> float:
 
 def _in_fcoll(frame: FrameType) -> bool:
     name = str(Path(frame.f_code.co_filename).resolve())
-    return name.startswith(str(_FCOLL_DIR)) and name not in _OWN_FILES
+    return name.startswith(str(_FCOLL_DIR)) and not name.startswith(str(_TESTING_DIR))
 
 
 def _where(frame: FrameType) -> str:

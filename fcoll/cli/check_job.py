@@ -1,7 +1,7 @@
 """``python -m fcoll check``: launch a small job that runs every collective and verifies it.
 
-The launcher (`launch`) starts ``mpiexec -n N python -m fcoll._check`` with a deadline;
-the job (`main`, on every rank) runs the checks of `fcoll._checks`, collects each rank's
+The launcher (`launch`) starts ``mpiexec -n N python -m fcoll.cli.check_job`` with a deadline;
+the job (`main`, on every rank) runs the checks of `fcoll.cli.check_cases`, collects each rank's
 outcome on rank 0 over raw ``MPI.COMM_WORLD`` (so a broken fcoll group cannot hide a
 result), and rank 0 prints one line per check and a summary.
 """
@@ -65,7 +65,7 @@ def report(results: list[Verdict], size: int) -> tuple[str, int]:
 
 def _run_checks(only: list[str] | None, inject: str | None) -> tuple[list[str], list[Outcome]]:
     import fcoll as fc
-    from fcoll._checks import CHECKS
+    from fcoll.cli.check_cases import CHECKS
 
     rank, size = fc.get_rank(), fc.get_world_size()
     names = [n for n in CHECKS if only is None or n in only]
@@ -83,7 +83,7 @@ def _run_checks(only: list[str] | None, inject: str | None) -> tuple[list[str], 
 
 def main(argv: list[str] | None = None) -> int:
     """The job: every rank runs the checks; rank 0 prints the report. Returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m fcoll._check")
+    parser = argparse.ArgumentParser(prog="python -m fcoll.cli.check_job")
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--only", action="append")
     parser.add_argument("--inject-failure")
@@ -125,7 +125,7 @@ def launch(n: int, timeout: float, extra: list[str]) -> int:
     env["PYTHONPATH"] = os.pathsep.join([package, *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("MPIEXEC_TIMEOUT", str(int(timeout) + 5))
     per_call = max(1.0, min(30.0, timeout / 2))
-    command = [mpiexec(), "-n", str(n), sys.executable, "-m", "fcoll._check",
+    command = [mpiexec(), "-n", str(n), sys.executable, "-m", "fcoll.cli.check_job",
                "--timeout", str(per_call), *extra]
     print(f"fcoll check: {n} rank{'s' if n != 1 else ''}, {timeout:g} s limit", flush=True)
     start = time.monotonic()

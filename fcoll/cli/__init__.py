@@ -1,0 +1,65 @@
+"""fcoll's command line (``python -m fcoll``): `info` (`fcoll.cli.info`) and `check` (the
+job launcher `fcoll.cli.check_job`, running the cases of `fcoll.cli.check_cases`).
+
+    python -m fcoll info [--json]          versions, MPI library, thread level, knobs, GPU
+    python -m fcoll check [-n 2] [--timeout 120]
+                                           run every collective in a small job and verify it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fcoll", description="fcoll's command line")
+    commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser("info", help="show versions, the MPI library and settings")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    check = commands.add_parser("check", help="run every collective on a small job and verify it")
+    check.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
+    check.add_argument("--timeout", type=float, default=120.0,
+                       help="seconds before the whole job counts as hung (default 120)")
+    check.add_argument("--only", action="append", metavar="NAME", help="run only this check")
+    check.add_argument("--inject-failure", metavar="NAME", help=argparse.SUPPRESS)
+    return parser
+
+
+def _info(as_json: bool) -> int:
+    from fcoll._runtime import mpi
+    from fcoll.cli.info import collect, render_plain, render_rich
+
+    report = collect()
+    if mpi().COMM_WORLD.Get_rank() != 0:
+        return 0
+    if as_json:
+        print(json.dumps(report, indent=2))
+    elif sys.stdout.isatty():
+        try:
+            render_rich(report)
+        except ImportError:
+            print(render_plain(report))
+    else:
+        print(render_plain(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the process's exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "info":
+        return _info(args.json)
+    from fcoll.cli.check_cases import CHECKS
+    from fcoll.cli.check_job import launch
+
+    unknown = [name for name in [*(args.only or []), args.inject_failure] if name and name not in CHECKS]
+    if unknown:
+        print(f"check: expected check names from {list(CHECKS)}, got {unknown}", file=sys.stderr)
+        return 2
+    extra = [arg for name in args.only or [] for arg in ("--only", name)]
+    if args.inject_failure:
+        extra += ["--inject-failure", args.inject_failure]
+    return launch(args.n, args.timeout, extra)
+
