@@ -25,7 +25,16 @@ from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.gpu import staged
 from fcoll.group import Group, GroupArg, member, resolve_group
-from fcoll.work import Call, Operation, RequestOperation, Work, backoff, timed_out, wait_request
+from fcoll.work import (
+    Call,
+    Operation,
+    RequestOperation,
+    Work,
+    backoff,
+    timed_out,
+    wait_request,
+    wait_requests,
+)
 
 MPI = mpi()
 BYTE = MPI.BYTE
@@ -310,9 +319,5 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     requests = [call.comm.Irecv([out, BYTE], senders[0], PERMUTE_TAG)] if senders else []
     if dst is not None:
         requests.append(call.comm.Isend([c_order(x), BYTE], dst, PERMUTE_TAG))
-    if call.seconds is None:
-        MPI.Request.Waitall(requests)
-    else:
-        for request in requests:
-            wait_request(request, call)
+    wait_requests(requests, call)
     return out

@@ -108,6 +108,16 @@ def wait_request(request: Any, call: Call) -> None:
         pause = backoff(started, pause)
 
 
+def wait_requests(requests: list[Any], call: Call) -> None:
+    """Complete every request: MPI's ``Waitall`` without a deadline, else each polled
+    against ``call``'s deadline (`wait_request`)."""
+    if call.seconds is None:
+        _runtime.mpi().Request.Waitall(requests)
+        return
+    for request in requests:
+        wait_request(request, call)
+
+
 class Operation(abc.ABC):
     """One operation in flight. Subclasses implement `_advance` (non-blocking progress)."""
 

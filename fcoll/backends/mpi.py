@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fcoll._runtime import mpi
-from fcoll.work import Call, wait_request
+from fcoll.work import Call, wait_request, wait_requests
 
 NAME = "mpi"
 MPI = mpi()
@@ -104,11 +104,7 @@ def bcast_copy(call: Call, x: np.ndarray, root: int) -> np.ndarray:
         if is_root:
             chunk[...] = flat_x[start : start + step]
         requests.append(comm.Ibcast([chunk, BYTE], root))
-    if call.seconds is None:
-        MPI.Request.Waitall(requests)
-    else:
-        for request in requests:
-            wait_request(request, call)
+    wait_requests(requests, call)
     return out
 
 

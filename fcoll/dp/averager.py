@@ -49,32 +49,26 @@ def _average_owned(bucket: np.ndarray, group: GroupArg) -> Work:
     return nonblocking.all_reduce(call, g, plan, bucket, owned=True)
 
 
-def _compress_hook(wire: Any) -> Hook:
+def _compress_hook(wire: Any, name: str) -> Hook:
     def hook(bucket: np.ndarray, group: GroupArg) -> Work:
         n = resolve_group(group, "average_gradients").size
         small = (bucket / n).astype(wire)  # divide first: the sum cannot overflow
         return all_reduce(small, "sum", group, async_op=True).then(
             lambda total: total.astype(bucket.dtype))
 
+    hook.__name__ = hook.__qualname__ = f"{name}_compress_hook"
+    hook.__doc__ = f"""Average in {np.dtype(wire).name} on the wire (divided by n first), cast back.
+
+    Example:
+        >>> avg = fc.dp.GradientAverager(hook=fc.dp.{name}_compress_hook)  # or compression="{name}"
+        >>> avg({{"w": np.array([float(fc.get_rank())])}})   # rank 0 held [0.], rank 1 [1.]
+        {{'w': array([0.5])}}                                 # float64 again, on both ranks
+    """
     return hook
 
 
-fp16_compress_hook = _compress_hook(np.float16)
-fp16_compress_hook.__doc__ = """Average in float16 on the wire (divided by n first), cast back.
-
-    Example:
-        >>> avg = fc.dp.GradientAverager(hook=fc.dp.fp16_compress_hook)  # or compression="fp16"
-        >>> avg({"w": np.array([float(fc.get_rank())])})   # rank 0 held [0.], rank 1 [1.]
-        {'w': array([0.5])}                                 # float64 again, on both ranks
-    """
-bf16_compress_hook = _compress_hook(ml_dtypes.bfloat16)
-bf16_compress_hook.__doc__ = """Average in bfloat16 on the wire (divided by n first), cast back.
-
-    Example:
-        >>> avg = fc.dp.GradientAverager(hook=fc.dp.bf16_compress_hook)  # or compression="bf16"
-        >>> avg({"w": np.array([float(fc.get_rank())])})   # rank 0 held [0.], rank 1 [1.]
-        {'w': array([0.5])}                                 # float64 again, on both ranks
-    """
+fp16_compress_hook = _compress_hook(np.float16, "fp16")
+bf16_compress_hook = _compress_hook(ml_dtypes.bfloat16, "bf16")
 _COMPRESSION: dict[str | None, Hook] = {None: allreduce_hook, "fp16": fp16_compress_hook,
                                         "bf16": bf16_compress_hook}
 
