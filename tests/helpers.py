@@ -58,6 +58,8 @@ def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
     """numpy's reduction of ``inputs`` in rank order, with fcoll's dtype rules."""
     dtype = inputs[0].dtype
     if dtype == np.bool_:
+        if op not in _BOOL_OPS:  # avg: fcoll raises TypeError for bool, as numpy has no mean op
+            raise TypeError(f"reference: no {op} for bool")
         return functools.reduce(_BOOL_OPS[op], inputs)
     w = wire(dtype)
     total = functools.reduce(_NUMPY_OPS[op], [x.astype(w) for x in inputs])
