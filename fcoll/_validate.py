@@ -28,15 +28,45 @@ def check_arrays(xs: object, n: int | None, fn: str, name: str) -> list[np.ndarr
     if isinstance(xs, np.ndarray) or not isinstance(xs, Sequence):
         raise TypeError(f"{fn}: expected {name} to be a list of numpy arrays, "
                         f"got {type(xs).__name__}")
+    check_count(xs, n, fn, name)
+    arrays = [check_array(x, fn, f"{name}[{i}]") for i, x in enumerate(xs)]
+    check_same_dtype(arrays, fn, name)
+    return arrays
+
+
+def check_count(xs: Sequence[Any], n: int | None, fn: str, name: str) -> None:
+    """`ValueError` unless the list ``xs`` holds ``n`` entries (any ``n`` when None)."""
     if n is not None and len(xs) != n:
         raise ValueError(f"{fn}: expected {name} to hold {n} arrays (one per group rank), "
                          f"got {len(xs)}")
-    arrays = [check_array(x, fn, f"{name}[{i}]") for i, x in enumerate(xs)]
-    dtypes = sorted({str(a.dtype) for a in arrays})
+
+
+def check_same_dtype(xs: Sequence[Any], fn: str, name: str) -> None:
+    """`ValueError` unless every array of ``xs`` (anything with ``.dtype``) has one dtype."""
+    dtypes = sorted({str(a.dtype) for a in xs})
     if len(dtypes) > 1:
         raise ValueError(f"{fn}: expected one dtype across {name}, got tensors with "
                          f"different dtypes {dtypes}")
-    return arrays
+
+
+def check_splits(x: Any, output_split_sizes: object, input_split_sizes: object, n: int,
+                 fn: str) -> tuple[list[int], list[int] | None]:
+    """`all_to_all_single`'s input and output split sizes, checked against this rank's
+    ``x`` (anything with ``.shape``): the input sizes (even when not given) and the output
+    sizes, or None when not given."""
+    if len(x.shape) == 0:
+        raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
+    if input_split_sizes is None:
+        check_divisible(x.shape, 0, n, fn, "x.shape[0]", " when input_split_sizes is None")
+        ins = [x.shape[0] // n] * n
+    else:
+        ins = check_sizes(input_split_sizes, n, fn, "input_split_sizes")
+    if sum(ins) != x.shape[0]:
+        raise ValueError(f"{fn}: expected sum(input_split_sizes) == x.shape[0] == {x.shape[0]}, "
+                         f"got {ins} (sum {sum(ins)})")
+    outs = (None if output_split_sizes is None
+            else check_sizes(output_split_sizes, n, fn, "output_split_sizes"))
+    return ins, outs
 
 
 def check_rank(rank: object, size: int, fn: str, name: str) -> int:

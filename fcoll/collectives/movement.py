@@ -16,9 +16,9 @@ from fcoll._dispatch import device
 from fcoll._validate import (
     check_array,
     check_dim,
-    check_divisible,
     check_rank,
     check_sizes,
+    check_splits,
     sizes_problem,
     split_problem,
 )
@@ -200,26 +200,11 @@ def _checked_sizes(x: np.ndarray, dim: int, sizes: object, g: Group,
     return checked
 
 
-def _even_splits(x: np.ndarray, n: int, fn: str) -> list[int]:
-    check_divisible(x.shape, 0, n, fn, "x.shape[0]", " when input_split_sizes is None")
-    return [x.shape[0] // n] * n
-
-
 def _splits(x: np.ndarray, output_split_sizes: object, input_split_sizes: object,
             n: int) -> tuple[list[int], list[int] | None]:
-    """`all_to_all_single`'s input and output split sizes, checked against this rank's ``x``."""
-    fn = "all_to_all_single"
-    check_array(x, fn)
-    if x.ndim == 0:
-        raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
-    ins = (_even_splits(x, n, fn) if input_split_sizes is None
-           else check_sizes(input_split_sizes, n, fn, "input_split_sizes"))
-    if sum(ins) != x.shape[0]:
-        raise ValueError(f"{fn}: expected sum(input_split_sizes) == x.shape[0] == {x.shape[0]}, "
-                         f"got {ins} (sum {sum(ins)})")
-    outs = (None if output_split_sizes is None
-            else check_sizes(output_split_sizes, n, fn, "output_split_sizes"))
-    return ins, outs
+    """`all_to_all_single`'s split sizes (`check_splits`), after the array check."""
+    check_array(x, "all_to_all_single")
+    return check_splits(x, output_split_sizes, input_split_sizes, n, "all_to_all_single")
 
 
 @overload

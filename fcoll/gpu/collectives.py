@@ -20,10 +20,13 @@ import numpy as np
 
 from fcoll._plan import nccl_plan, reduction_plan
 from fcoll._validate import (
+    check_count,
     check_dim,
     check_divisible,
     check_rank,
+    check_same_dtype,
     check_sizes,
+    check_splits,
     sizes_problem,
     split_problem,
 )
@@ -106,12 +109,8 @@ def reduce_scatter(backend: Backend, chunks: Sequence[Any], op: object = "sum",
     """Uneven chunks travel padded to the largest (NCCL's reduce-scatter is even)."""
     fn = "reduce_scatter"
     g, call = member(group, fn)
-    if len(chunks) != g.size:
-        raise ValueError(f"{fn}: expected chunks to hold {g.size} arrays (one per group rank), "
-                         f"got {len(chunks)}")
-    if len({str(c.dtype) for c in chunks}) > 1:
-        raise ValueError(f"{fn}: expected one dtype across chunks, got "
-                         f"{sorted({str(c.dtype) for c in chunks})}")
+    check_count(chunks, g.size, fn, "chunks")
+    check_same_dtype(chunks, fn, "chunks")
     x = chunks[g.rank]
     enter(group, x, fn)
     plan = nccl_plan(x.dtype, op, nccl.version(), fn)
@@ -180,11 +179,9 @@ def all_gather_into_tensor(backend: Backend, x: Any, group: Any = None, *, gathe
         return done(fn, g, y, async_op)
 
 
-def _received(call: Call, g: Group, x: Any, ins: list[int],
-              output_split_sizes: Sequence[int] | None, fn: str) -> list[int]:
+def _received(call: Call, g: Group, x: Any, ins: list[int], outs: list[int] | None,
+              fn: str) -> list[int]:
     """Rows this rank receives from each rank (split sizes checked across ranks)."""
-    outs = None if output_split_sizes is None else check_sizes(
-        output_split_sizes, g.size, fn, "output_split_sizes")
     meta = host.allgather_obj(call, (ins, outs, x.shape[1:], str(x.dtype)))
     problem = split_problem(meta)
     if problem is not None:
@@ -197,18 +194,9 @@ def all_to_all_single(backend: Backend, x: Any, output_split_sizes: Sequence[int
                       async_op: bool = False) -> Any:
     fn = "all_to_all_single"
     g, call = enter(group, x, fn)
-    n = g.size
-    if x.ndim == 0:
-        raise ValueError(f"{fn}: expected x with at least 1 dimension, got a 0-d array")
-    if input_split_sizes is None:
-        check_divisible(x.shape, 0, n, fn, "x.shape[0]", " when input_split_sizes is None")
-    ins = [x.shape[0] // n] * n if input_split_sizes is None else check_sizes(
-        input_split_sizes, n, fn, "input_split_sizes")
-    if sum(ins) != x.shape[0]:
-        raise ValueError(f"{fn}: expected sum(input_split_sizes) == x.shape[0] == {x.shape[0]}, "
-                         f"got {ins} (sum {sum(ins)})")
+    ins, outs = check_splits(x, output_split_sizes, input_split_sizes, g.size, fn)
     uneven = output_split_sizes is not None or input_split_sizes is not None
-    received = _received(call, g, x, ins, output_split_sizes, fn) if uneven else list(ins)
+    received = _received(call, g, x, ins, outs, fn) if uneven else list(ins)
     row = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
     with x.device:
         out = cp().empty((sum(received), *x.shape[1:]), x.dtype)

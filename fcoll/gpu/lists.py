@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fcoll._plan import nccl_plan
-from fcoll._validate import check_divisible, check_permutation, check_rank, one_dtype
+from fcoll._validate import check_count, check_divisible, check_permutation, check_rank, one_dtype
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.gpu import nccl
@@ -91,9 +91,7 @@ def scatter_receive(g: Group, shape: tuple[int, ...], dtype: np.dtype[Any], root
 def all_to_all(backend: Backend, chunks: Sequence[Any], group: Any = None) -> list[Any]:
     fn = "all_to_all"
     g, call = member(group, fn)
-    if len(chunks) != g.size:
-        raise ValueError(f"{fn}: expected chunks to hold {g.size} arrays (one per group rank), "
-                         f"got {len(chunks)}")
+    check_count(chunks, g.size, fn, "chunks")
     enter(group, chunks[0], fn)
     meta = host.allgather_obj(call, [_meta(c) for c in chunks])
     dtype = one_dtype([row[0][1] for row in meta], fn)

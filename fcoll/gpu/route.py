@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from fcoll._validate import check_rank
+from fcoll._validate import check_count, check_rank, check_same_dtype
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype, dtype_from_name
@@ -80,14 +80,10 @@ def scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any
     if g.rank != root or chunks is None:
         raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
                          f"got {type(chunks).__name__} on rank {g.rank}")
-    if len(chunks) != g.size:
-        raise ValueError(f"{fn}: expected chunks to hold {g.size} arrays (one per group rank), "
-                         f"got {len(chunks)}")
+    check_count(chunks, g.size, fn, "chunks")
     for i, c in enumerate(chunks):
         check_dtype(c.dtype, fn, f"chunks[{i}]")
-    if len({str(c.dtype) for c in chunks}) > 1:
-        raise ValueError(f"{fn}: expected one dtype across chunks, got tensors with different "
-                         f"dtypes {sorted({str(c.dtype) for c in chunks})}")
+    check_same_dtype(chunks, fn, "chunks")
     host.scatter_obj(call, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
     if backend is nccl:
         return lists.scatter_send(g, chunks, root)
