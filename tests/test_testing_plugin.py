@@ -195,3 +195,77 @@ def test_collective_timeout_fails_the_test_and_stops_the_session(tmp_path):
            "on the group) did not complete within its 1 s deadline" in job.out, job.out
     assert "the session stops here" in job.out and "test_after" not in job.out, job.out
     assert job.statuses == [2, 2] and job.took < 20, (job.statuses, job.took)
+
+
+PYTEST_MPI_SUITE = """
+    import numpy as np, pytest, fcoll as fc
+
+    @pytest.mark.mpi(min_size=2)
+    def test_sum(mpi_tmpdir, mpi_file_name, mpi_tmp_path):
+        assert fc.all_reduce(np.ones(1))[0] == fc.get_world_size()
+        assert fc.all_gather_object(mpi_file_name) == [mpi_file_name] * fc.get_world_size()
+        assert str(mpi_tmpdir) == str(mpi_tmp_path) and mpi_file_name.endswith(".hdf5")
+
+    @pytest.mark.mpi(min_size=3)
+    def test_needs_three():
+        pass
+
+    @pytest.mark.mpi_skip
+    def test_not_under_mpi():
+        raise AssertionError("mpi_skip must skip this")
+
+    @pytest.mark.mpi_xfail
+    def test_known_to_fail_under_mpi():
+        raise AssertionError("expected")
+
+    def test_serial():
+        pass
+
+    @pytest.mark.mpi
+    def test_fails_on_rank_1():
+        assert fc.get_rank() != 1, "deliberate"
+"""
+
+FCOLL_SUITE = """
+    import numpy as np, pytest, fcoll as fc
+
+    @pytest.mark.mpi(min_size=2, max_size=4, timeout=20)
+    def test_sum(mpi_tmp_path):
+        assert fc.all_reduce(np.ones(1))[0] == fc.get_world_size()
+
+    @pytest.mark.mpi(min_size=3)
+    def test_needs_three():
+        pass
+
+    def test_serial():
+        pass
+
+    def test_fails_on_rank_1():
+        assert fc.get_rank() != 1, "deliberate"
+"""
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["with-pytest-mpi", "without-pytest-mpi"])
+@pytest.mark.parametrize("suite", ["pytest-mpi suite", "fcoll suite"])
+def test_pytest_mpi_and_fcoll_testing_agree(tmp_path, suite, present):
+    """Both kinds of suite, with pytest-mpi loadable or blocked: the MPI tests run (no
+    silent skips), the counts are right and the deliberate failure fails the job."""
+    pytest.importorskip("pytest_mpi")  # in the test extra (pyproject.toml)
+    source, extra = ((PYTEST_MPI_SUITE, ["--with-mpi"]) if suite == "pytest-mpi suite"
+                     else (FCOLL_SUITE, []))
+    blocked = [] if present else ["-p", "no:pytest_mpi"]
+    job = _suite(tmp_path, 2, *extra, *blocked, test_s=source)
+    # rank 0 counts its pass of test_fails_on_rank_1 and rank 1's failure of it
+    want = ("1 failed, 3 passed, 2 skipped, 1 xfailed" if suite == "pytest-mpi suite"
+            else "1 failed, 3 passed, 1 skipped")
+    assert want in job.out, job.out
+    assert "FAILED test_s.py::test_fails_on_rank_1@rank1" in job.out
+    assert job.code == 1 and job.statuses == [1, 1], (job.code, job.statuses)
+    assert "is installed; fcoll.testing handles its markers, options and fixtures" in job.out
+
+
+def test_only_mpi_runs_only_marked_tests(tmp_path):
+    pytest.importorskip("pytest_mpi")
+    job = _suite(tmp_path, 2, "--only-mpi", test_s=PYTEST_MPI_SUITE)
+    assert "1 failed, 2 passed, 4 skipped in" in job.out, job.out
+    assert "not marked mpi (--only-mpi)" in job.out

@@ -18,6 +18,11 @@ read like one run (details in ``docs/testing.md``):
   ordinary failure instead, after which the session stops cleanly.
 - Hypothesis draws the same examples on every rank: one seed, chosen by rank 0, and a
   profile without example database or deadline.
+- Suites written for pytest-mpi run with the same meaning (its ``mpi`` marker, the
+  ``mpi_skip``/``mpi_xfail``/``mpi_break`` markers, ``--with-mpi``/``--only-mpi`` and the
+  ``mpi_tmpdir``/``mpi_file_name`` fixtures). When pytest-mpi is installed too, this plugin
+  takes its place (pytest-mpi would skip every ``mpi`` test without ``--with-mpi``):
+  an MPI session always runs its MPI tests, and the header says so.
 
 Example:
     >>> # tests/test_sum.py, run as: mpiexec -n 4 python -m pytest -p fcoll.testing
@@ -28,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -46,7 +52,38 @@ TIMEOUT_ENV = "FCOLL_TEST_TIMEOUT"
 _KEY = pytest.StashKey["MPISession"]()
 
 
+PYTEST_MPI = "pytest_mpi"  # pytest-mpi's plugin name (its pytest11 entry point)
+_REPLACED: list[str] = []  # "pytest-mpi <version>" once this plugin has taken its place
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Take pytest-mpi's place: unregister it if it is loaded (its options stay and keep
+    their meaning here), and block it if it would load later."""
+    other = pluginmanager.get_plugin(PYTEST_MPI)
+    if other is not None or _installed(PYTEST_MPI.replace("_", "-")):
+        version = _installed(PYTEST_MPI.replace("_", "-")) or "?"
+        _REPLACED[:] = [f"pytest-mpi {version}"]
+    if other is not None:
+        pluginmanager.unregister(other)
+    pluginmanager.set_blocked(PYTEST_MPI)
+
+
+def _installed(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    for flag, what in (("--with-mpi", "run the MPI tests (always so under fcoll.testing)"),
+                       ("--only-mpi", "run only the tests marked mpi")):
+        # pytest-mpi's options, unless pytest-mpi added them before it was replaced
+        with contextlib.suppress(ValueError):
+            parser.addoption(flag, action="store_true", default=False,
+                             help=f"{what} (pytest-mpi's option)")
     group = parser.getgroup("fcoll.testing", "MPI test sessions (fcoll.testing)")
     help_text = (f"seconds a test may take on all ranks before it is reported as hung and the "
                  f"job ends (default {DEFAULT_TIMEOUT:g}; env {TIMEOUT_ENV})")
@@ -76,9 +113,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "mpi(min_size=None, max_size=None, timeout=None): run only at MPI world "
         "sizes in [min_size, max_size]; timeout overrides mpi_timeout for this test")
+    for name, what in _PYTEST_MPI_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what} (pytest-mpi's marker)")
     session = MPISession(config)
     config.stash[_KEY] = session
     config.pluginmanager.register(session, "fcoll.testing.session")
+
+
+_PYTEST_MPI_MARKERS = {"mpi_skip": "skipped under MPI", "mpi_break": "skipped under MPI",
+                       "mpi_xfail": "expected to fail under MPI"}
 
 
 def _silence_stdout() -> None:
@@ -137,6 +180,9 @@ class MPISession:
                  f"{levels.get(MPI.Query_thread())}, per-test limit {self.limit:g} s"]
         if self.hypothesis:
             lines.append(f"fcoll.testing: {self.hypothesis}")
+        if _REPLACED:
+            lines.append(f"fcoll.testing: {_REPLACED[0]} is installed; fcoll.testing handles its "
+                         "markers, options and fixtures (pytest-mpi itself is not loaded)")
         return "\n".join(lines)
 
     @pytest.hookimpl(tryfirst=True)
@@ -198,11 +244,18 @@ class MPISession:
         return (yield)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        only_mpi = bool(self.config.getoption("--only-mpi"))
         for item in items:
             marker = item.get_closest_marker("mpi")
             skip = _check_marker(marker, self.size)[1] if marker is not None else None
+            if marker is None and only_mpi:
+                skip = "not marked mpi (--only-mpi)"
+            if item.get_closest_marker("mpi_skip") or item.get_closest_marker("mpi_break"):
+                skip = "test does not work under mpi (mpi_skip)"
             if skip is not None:
                 item.add_marker(pytest.mark.skip(reason=skip))
+            elif item.get_closest_marker("mpi_xfail"):
+                item.add_marker(pytest.mark.xfail(reason="test fails under mpi (mpi_xfail)"))
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         marker = item.get_closest_marker("mpi")
@@ -390,3 +443,29 @@ def mpi_tmp_path(request: pytest.FixtureRequest) -> Path:
     path = session.shared / f"{session.index:04d}-{name}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def mpi_tmpdir(mpi_tmp_path: Path) -> Any:
+    """`mpi_tmp_path` as a ``py.path.local`` (pytest-mpi's fixture of that name).
+
+    Example:
+        >>> def test_shared(mpi_tmpdir):
+        ...     assert mpi_tmpdir.check(dir=True)          # the same directory on every rank
+    """
+    from _pytest.compat import legacy_path
+
+    return legacy_path(mpi_tmp_path)
+
+
+@pytest.fixture
+def mpi_file_name(mpi_tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A file name in `mpi_tmp_path`, the same on every rank (pytest-mpi's fixture; like it,
+    named after the test with the suffix ``.hdf5``; nothing creates the file).
+
+    Example:
+        >>> def test_file(mpi_file_name):
+        ...     assert mpi_file_name.endswith(".hdf5")     # equal on every rank
+    """
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)[:60]
+    return str(mpi_tmp_path / f"{name}.hdf5")
