@@ -16,6 +16,8 @@ read like one run (details in ``docs/testing.md``):
   each is in; the job then ends with ``MPI_Abort``, since a rank blocked in MPI cannot be
   interrupted. A ``fcoll.CollectiveTimeoutError`` (with ``fcoll.init(timeout=...)``) is an
   ordinary failure instead, after which the session stops cleanly.
+- `parallel_raises` and `parallel_assert` check a condition across ranks and pass or fail
+  on every rank together, so one rank's exception does not leave the others waiting.
 - Hypothesis draws the same examples on every rank: one seed, chosen by rank 0, and a
   profile without example database or deadline.
 - Suites written for pytest-mpi run with the same meaning (its ``mpi`` marker, the
@@ -46,6 +48,10 @@ import pytest
 import fcoll
 from fcoll._runtime import mpi
 from fcoll.testing import sync as syncing
+from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
+
+__all__ = ["RaisesInfo", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
+           "parallel_raises"]
 
 DEFAULT_TIMEOUT = 240.0
 TIMEOUT_ENV = "FCOLL_TEST_TIMEOUT"
