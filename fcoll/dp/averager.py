@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import ml_dtypes
 import numpy as np
@@ -20,6 +20,7 @@ import optree
 from fcoll import _debug
 from fcoll._plan import reduction_plan
 from fcoll.collectives import all_reduce, nonblocking
+from fcoll.dp.join import Joiner
 from fcoll.group import Group, GroupArg, member, resolve_group
 from fcoll.work import Operation, Work
 
@@ -39,14 +40,19 @@ def allreduce_hook(bucket: np.ndarray, group: GroupArg) -> Work:
     return all_reduce(bucket, "avg", group, async_op=True)
 
 
-def _average_owned(bucket: np.ndarray, group: GroupArg) -> Work:
-    """`allreduce_hook` for a bucket the averager made itself: the same nonblocking
-    all-reduce, without the snapshot copy that protects a caller's array (one pass over
-    the bytes less: 64 MiB of gradients at n=2 went from 1.30x to 1.00x one raw Allreduce)."""
+def _reduce_owned(bucket: np.ndarray, group: GroupArg, op: str) -> Work:
+    """A nonblocking all-reduce of a bucket the averager made itself, without the snapshot
+    copy that protects a caller's array (one pass over the bytes less: 64 MiB of gradients
+    at n=2 went from 1.30x to 1.00x one raw Allreduce)."""
     g, call = member(group, "all_reduce")
-    with _debug.checked(g, call, "all_reduce", x=bucket, op="avg"):
-        plan = reduction_plan(bucket, "avg", g, "all_reduce")
+    with _debug.checked(g, call, "all_reduce", x=bucket, op=op):
+        plan = reduction_plan(bucket, op, g, "all_reduce")
     return nonblocking.all_reduce(call, g, plan, bucket, owned=True)
+
+
+def _average_owned(bucket: np.ndarray, group: GroupArg) -> Work:
+    """`allreduce_hook` for a bucket the averager made itself (`_reduce_owned`, avg)."""
+    return _reduce_owned(bucket, group, "avg")
 
 
 def _compress_hook(wire: Any, name: str) -> Hook:
@@ -169,6 +175,41 @@ class GradientAverager:
         self._accumulated: dict[Any, np.ndarray] = {}
         self._open: dict[np.dtype[Any], _Bucket] = {}
         self._launched: list[tuple[_Bucket, Any]] = []
+        self._joiner: Joiner | None = None
+        self._contributors = 0  # inside join: ranks still contributing to this step
+
+    @contextlib.contextmanager
+    def join(self) -> Iterator[None]:
+        """Train on uneven inputs: ranks may run out of data at different steps.
+
+        Inside the block every synced step first counts the ranks still contributing and
+        averages over them only (the sum of their gradients divided by their number: DDP's
+        ``Join`` with ``divide_by_initial_world_size=False``). A rank that leaves the block
+        keeps taking part in the others' steps with zero gradients, and the block ends on
+        every rank once every rank has left. Use ``avg(grads)`` or ``avg.start(grads)``
+        inside (not `push`), with the default averaging (no compression or custom hook).
+        If the block raises, this rank leaves at once (the others may then wait).
+
+        Example:
+            >>> avg = fc.dp.GradientAverager()
+            >>> with avg.join():
+            ...     for batch in my_batches:          # rank r holds 3 + r batches
+            ...         params -= lr * avg(grad(params, batch))
+            >>> # all ranks are here together; early finishers answered with zeros
+        """
+        if self.hook is not allreduce_hook:
+            raise ValueError(f"join: expected the default averaging hook, got {self.hook!r}; "
+                             "compression and custom hooks cannot exclude departed ranks")
+        if self._joiner is not None:
+            raise RuntimeError("join: expected no join block already open on this averager")
+        self._joiner = Joiner(self.group)
+        try:
+            yield
+            while (count := self._joiner.agree(False)) > 0:  # answer the others' steps
+                self._contributors = count
+                self._average(self._joiner.zeros()).wait()
+        finally:
+            self._joiner, self._contributors = None, 0
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -208,18 +249,28 @@ class GradientAverager:
         if not self._syncing:
             for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
                 self.push(path, leaf)
-        else:
-            acc = self._accumulated
-            for indices in self._layout(spec, leaves):
-                bucket = _Bucket()
-                if acc:  # gradients summed under no_sync join this step's
-                    for i in indices:
-                        leaf = leaves[i]
-                        bucket.add(paths[i], leaf + acc.pop(paths[i]) if paths[i] in acc else leaf)
-                else:
-                    bucket.keys = [paths[i] for i in indices]
-                    bucket.arrays = [leaves[i] for i in indices]
-                self._launch(bucket)
+            return self._finish().then(lambda by_path: optree.tree_unflatten(
+                spec, [by_path[p] for p in paths]))
+        if self._joiner is not None:
+            self._contributors = self._joiner.agree(True, leaves)
+        return self._average(leaves, paths, spec)
+
+    def _average(self, leaves: list[np.ndarray], paths: list[Any] | None = None,
+                 spec: Any = None) -> Work:
+        """Launch the buckets of one synced step; ``wait()`` gives the averaged tree."""
+        paths = list(range(len(leaves))) if paths is None else paths
+        spec = optree.tree_structure(cast(Any, list(leaves))) if spec is None else spec
+        acc = self._accumulated
+        for indices in self._layout(spec, leaves):
+            bucket = _Bucket()
+            if acc:  # gradients summed under no_sync join this step's
+                for i in indices:
+                    leaf = leaves[i]
+                    bucket.add(paths[i], leaf + acc.pop(paths[i]) if paths[i] in acc else leaf)
+            else:
+                bucket.keys = [paths[i] for i in indices]
+                bucket.arrays = [leaves[i] for i in indices]
+            self._launch(bucket)
         return self._finish().then(lambda by_path: optree.tree_unflatten(
             spec, [by_path[p] for p in paths]))
 
@@ -264,6 +315,9 @@ class GradientAverager:
         """
         if not isinstance(grad, np.ndarray):
             raise TypeError(f"push: expected grad to be a numpy.ndarray, got {type(grad).__name__}")
+        if self._joiner is not None and self._syncing:
+            raise RuntimeError("push: expected no join block (inside one, average whole trees "
+                               "with avg(grads) or avg.start(grads))")
         if not self._syncing:
             previous = self._accumulated.get(key)
             self._accumulated[key] = grad.copy() if previous is None else previous + grad
@@ -288,6 +342,12 @@ class GradientAverager:
         return result
 
     def _launch(self, bucket: _Bucket) -> None:
+        if self._contributors:  # inside join: the sum over the ranks still contributing
+            count = self._contributors
+            work = _reduce_owned(bucket.flat(), self.group, "sum").then(
+                lambda total: (total / count).astype(total.dtype))
+            self._launched.append((bucket, work))
+            return
         hook = _average_owned if self.hook is allreduce_hook else self.hook
         self._launched.append((bucket, hook(bucket.flat(), self.group)))
 
