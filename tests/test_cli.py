@@ -155,3 +155,13 @@ def test_every_check_passes_in_this_job(rank, world_size):
             check(rank, world_size)
         except Exception as error:
             raise AssertionError(f"check {name!r} failed on rank {rank}") from error
+
+
+def test_info_into_a_closed_pipe_is_quiet(tmp_path):
+    """``python -m fcoll info | true`` (the reader is gone before the first line): no
+    BrokenPipeError traceback, exit 0."""
+    script = (f"{sys.executable} -m fcoll info | true; echo \"status=${{PIPESTATUS[0]}}\"")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert "status=0" in done.stdout and "BrokenPipe" not in done.stderr, done

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -50,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process's exit code."""
     args = _parser().parse_args(argv)
     if args.command == "info":
-        return _info(args.json)
+        try:
+            return _info(args.json)
+        except BrokenPipeError:  # `python -m fcoll info | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     from fcoll.cli.check_cases import CHECKS
     from fcoll.cli.check_job import launch
 
