@@ -48,10 +48,9 @@ def _reference(n: int, batches: list[int], steps: int, accumulate: int = 1
     return params
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [0, 25])
-def test_uneven_batches_train_like_one_process(group, bucket_cap_mb):
-    k = 2
-    batches = [k + r for r in range(group.size)]  # rank r runs out after k + r steps
+def _train_joined(group: Any, batches: list[int], bucket_cap_mb: float = 25
+                  ) -> dict[str, np.ndarray]:
+    """This rank's parameters after its ``batches[rank]`` steps inside ``avg.join()``."""
     avg = fc.dp.GradientAverager(group.arg, bucket_cap_mb=bucket_cap_mb)
     params = _start()
     with avg.join():
@@ -59,6 +58,14 @@ def test_uneven_batches_train_like_one_process(group, bucket_cap_mb):
             grads = avg(_grads(params, *_sample(group.rank, step)))
             params = {key: params[key] - (LR * grads[key]).astype(params[key].dtype)
                       for key in params}
+    return params
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [0, 25])
+def test_uneven_batches_train_like_one_process(group, bucket_cap_mb):
+    k = 2
+    batches = [k + r for r in range(group.size)]  # rank r runs out after k + r steps
+    params = _train_joined(group, batches, bucket_cap_mb)
     want = _reference(group.size, batches, batches[group.rank])
     parallel_assert(_close(params, want), "parameters of the one-process reference",
                     group=group.arg)
@@ -94,13 +101,7 @@ def test_no_sync_inside_join(group):
 def test_a_rank_without_data_still_answers(group):
     """Rank 0 has no batch at all: it learns the layout from a contributing rank."""
     batches = [0 if r == 0 else 2 for r in range(group.size)]
-    avg = fc.dp.GradientAverager(group.arg)
-    params = _start()
-    with avg.join():
-        for step in range(batches[group.rank]):
-            grads = avg(_grads(params, *_sample(group.rank, step)))
-            params = {key: params[key] - (LR * grads[key]).astype(params[key].dtype)
-                      for key in params}
+    params = _train_joined(group, batches)
     want = _reference(group.size, batches, batches[group.rank])
     parallel_assert(_close(params, want), "a rank without data", group=group.arg)
 
