@@ -166,10 +166,9 @@ class Group:
         """
         if self is _runtime._state.world:
             raise ValueError("destroy: expected a group other than the world group")
-        if self.nccl is not None:
-            from fcoll.gpu import nccl
-
-            nccl.destroy(self)
+        if self.nccl is not None:  # the NCCL communicator (cupy's object) frees itself
+            self.nccl.destroy()
+            self.nccl = None
         if self._comm is not None and not self._destroyed:
             if self.side_comm is not None:
                 self.side_comm.Free()

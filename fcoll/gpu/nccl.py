@@ -139,13 +139,6 @@ def communicator(group: Any, device: int, fn: str) -> Any:
     return group.nccl
 
 
-def destroy(group: Any) -> None:
-    """Free the group's NCCL communicator, if it has one (called by `Group.destroy`)."""
-    if group.nccl is not None:
-        group.nccl.destroy()
-        group.nccl = None
-
-
 @contextmanager
 def grouped() -> Iterator[None]:
     """``ncclGroupStart``/``ncclGroupEnd`` around the calls in the block (fused launch)."""
