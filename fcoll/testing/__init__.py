@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import sys
@@ -47,49 +46,23 @@ import pytest
 
 import fcoll
 from fcoll._runtime import mpi
+from fcoll.testing import pytest_mpi
 from fcoll.testing import sync as syncing
 from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
+from fcoll.testing.fixtures import SESSION as _KEY
+from fcoll.testing.fixtures import mpi_file_name, mpi_tmp_path, mpi_tmpdir
+from fcoll.testing.pytest_mpi import pytest_addhooks
 
+# The fixtures and pytest_addhooks are found here by pytest, as attributes of the plugin.
 __all__ = ["RaisesInfo", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
-           "parallel_raises"]
+           "parallel_raises", "pytest_addhooks"]
 
 DEFAULT_TIMEOUT = 240.0
 TIMEOUT_ENV = "FCOLL_TEST_TIMEOUT"
-_KEY = pytest.StashKey["MPISession"]()
-
-
-PYTEST_MPI = "pytest_mpi"  # pytest-mpi's plugin name (its pytest11 entry point)
-_REPLACED: list[str] = []  # "pytest-mpi <version>" once this plugin has taken its place
-
-
-def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    """Take pytest-mpi's place: unregister it if it is loaded (its options stay and keep
-    their meaning here), and block it if it would load later."""
-    other = pluginmanager.get_plugin(PYTEST_MPI)
-    if other is not None or _installed(PYTEST_MPI.replace("_", "-")):
-        version = _installed(PYTEST_MPI.replace("_", "-")) or "?"
-        _REPLACED[:] = [f"pytest-mpi {version}"]
-    if other is not None:
-        pluginmanager.unregister(other)
-    pluginmanager.set_blocked(PYTEST_MPI)
-
-
-def _installed(distribution: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    for flag, what in (("--with-mpi", "run the MPI tests (always so under fcoll.testing)"),
-                       ("--only-mpi", "run only the tests marked mpi")):
-        # pytest-mpi's options, unless pytest-mpi added them before it was replaced
-        with contextlib.suppress(ValueError):
-            parser.addoption(flag, action="store_true", default=False,
-                             help=f"{what} (pytest-mpi's option)")
+    pytest_mpi.add_options(parser)
     group = parser.getgroup("fcoll.testing", "MPI test sessions (fcoll.testing)")
     help_text = (f"seconds a test may take on all ranks before it is reported as hung and the "
                  f"job ends (default {DEFAULT_TIMEOUT:g}; env {TIMEOUT_ENV})")
@@ -119,15 +92,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "mpi(min_size=None, max_size=None, timeout=None): run only at MPI world "
         "sizes in [min_size, max_size]; timeout overrides mpi_timeout for this test")
-    for name, what in _PYTEST_MPI_MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {what} (pytest-mpi's marker)")
+    pytest_mpi.add_markers(config)
     session = MPISession(config)
     config.stash[_KEY] = session
     config.pluginmanager.register(session, "fcoll.testing.session")
-
-
-_PYTEST_MPI_MARKERS = {"mpi_skip": "skipped under MPI", "mpi_break": "skipped under MPI",
-                       "mpi_xfail": "expected to fail under MPI"}
 
 
 def _silence_stdout() -> None:
@@ -186,9 +154,9 @@ class MPISession:
                  f"{levels.get(MPI.Query_thread())}, per-test limit {self.limit:g} s"]
         if self.hypothesis:
             lines.append(f"fcoll.testing: {self.hypothesis}")
-        if _REPLACED:
-            lines.append(f"fcoll.testing: {_REPLACED[0]} is installed; fcoll.testing handles its "
-                         "markers, options and fixtures (pytest-mpi itself is not loaded)")
+        if pytest_mpi.REPLACED:
+            lines.append(f"fcoll.testing: {pytest_mpi.REPLACED[0]} is installed; fcoll.testing "
+                         "handles its markers, options and fixtures (pytest-mpi is not loaded)")
         return "\n".join(lines)
 
     @pytest.hookimpl(tryfirst=True)
@@ -254,14 +222,7 @@ class MPISession:
         for item in items:
             marker = item.get_closest_marker("mpi")
             skip = _check_marker(marker, self.size)[1] if marker is not None else None
-            if marker is None and only_mpi:
-                skip = "not marked mpi (--only-mpi)"
-            if item.get_closest_marker("mpi_skip") or item.get_closest_marker("mpi_break"):
-                skip = "test does not work under mpi (mpi_skip)"
-            if skip is not None:
-                item.add_marker(pytest.mark.skip(reason=skip))
-            elif item.get_closest_marker("mpi_xfail"):
-                item.add_marker(pytest.mark.xfail(reason="test fails under mpi (mpi_xfail)"))
+            pytest_mpi.mark(item, skip, only_mpi)
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         marker = item.get_closest_marker("mpi")
@@ -423,55 +384,3 @@ def _hypothesis_profile(config: pytest.Config, seed: int) -> str | None:
     chosen = getattr(config.option, "hypothesis_seed", seed)
     return (f"hypothesis seed {chosen} on every rank (rerun with --hypothesis-seed={chosen}); "
             "profile 'fcoll.testing': no database, no deadline")
-
-
-@pytest.fixture
-def mpi_tmp_path(request: pytest.FixtureRequest) -> Path:
-    """A fresh directory for this test, the same path on every rank.
-
-    Rank 0 creates the parent at the start of the session, under its ``tmp_path_factory``
-    base, and broadcasts it; each rank creates the test's directory if needed (no
-    communication here, so ranks that skip the test do not matter). The ranks must share
-    a filesystem; order writes and reads with a barrier.
-
-    Example:
-        >>> def test_shared(mpi_tmp_path):
-        ...     if fc.get_rank() == 1:
-        ...         (mpi_tmp_path / "x.txt").write_text("hi")
-        ...     fc.barrier()
-        ...     assert (mpi_tmp_path / "x.txt").read_text() == "hi"   # every rank
-    """
-    session = request.config.stash[_KEY]
-    if session.shared is None:
-        pytest.fail("mpi_tmp_path: expected pytest's tmp_path_factory on rank 0, got none",
-                    pytrace=False)
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)[:40]
-    path = session.shared / f"{session.index:04d}-{name}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@pytest.fixture
-def mpi_tmpdir(mpi_tmp_path: Path) -> Any:
-    """`mpi_tmp_path` as a ``py.path.local`` (pytest-mpi's fixture of that name).
-
-    Example:
-        >>> def test_shared(mpi_tmpdir):
-        ...     assert mpi_tmpdir.check(dir=True)          # the same directory on every rank
-    """
-    from _pytest.compat import legacy_path
-
-    return legacy_path(mpi_tmp_path)
-
-
-@pytest.fixture
-def mpi_file_name(mpi_tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    """A file name in `mpi_tmp_path`, the same on every rank (pytest-mpi's fixture; like it,
-    named after the test with the suffix ``.hdf5``; nothing creates the file).
-
-    Example:
-        >>> def test_file(mpi_file_name):
-        ...     assert mpi_file_name.endswith(".hdf5")     # equal on every rank
-    """
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)[:60]
-    return str(mpi_tmp_path / f"{name}.hdf5")
