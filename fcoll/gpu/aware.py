@@ -12,17 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fcoll.backends.mpi import BYTE, displs
+from fcoll.backends import mpi as host
 from fcoll.work import Call, wait_request
 
 NAME = "aware"
 
 
-def _comm(call: Call) -> Any:
-    """The call's MPI communicator, after cupy's current stream has finished its work."""
+def _sync() -> None:
+    """Wait for cupy's current stream: MPI reads and writes the buffers directly."""
     import cupy
 
     cupy.cuda.get_current_stream().synchronize()
+
+
+def _comm(call: Call) -> Any:
+    """The call's MPI communicator, after cupy's current stream has finished its work."""
+    _sync()
     return call.begin()
 
 
@@ -61,31 +66,27 @@ def reduce_scatter_block(call: Call, send: Any, op: Any) -> Any:
     return out
 
 
+# Data movement writes into the ``out`` the caller allocated, so the host transport's own
+# functions serve device buffers too (mpi4py reads ``__cuda_array_interface__``).
+
+
 def bcast(call: Call, buf: Any, root: int) -> Any:
-    comm = _comm(call)
-    _run(call, lambda: comm.Bcast([buf, BYTE], root), lambda: comm.Ibcast([buf, BYTE], root))
-    return buf
+    _sync()
+    return host.bcast(call, buf, root)
 
 
 def allgather(call: Call, send: Any, out: Any) -> Any:
-    comm = _comm(call)
-    _run(call, lambda: comm.Allgather([send, BYTE], [out, BYTE]),
-         lambda: comm.Iallgather([send, BYTE], [out, BYTE]))
-    return out
+    _sync()
+    return host.allgather(call, send, out)
 
 
 def alltoall(call: Call, send: Any, out: Any) -> Any:
-    comm = _comm(call)
-    _run(call, lambda: comm.Alltoall([send, BYTE], [out, BYTE]),
-         lambda: comm.Ialltoall([send, BYTE], [out, BYTE]))
-    return out
+    _sync()
+    return host.alltoall(call, send, out)
 
 
 def alltoallv(call: Call, send: Any, send_counts: Sequence[int], out: Any,
               recv_counts: Sequence[int]) -> Any:
     """Counts in bytes, one per rank."""
-    comm = _comm(call)
-    spec = ([send, (list(send_counts), displs(send_counts)), BYTE],
-            [out, (list(recv_counts), displs(recv_counts)), BYTE])
-    _run(call, lambda: comm.Alltoallv(*spec), lambda: comm.Ialltoallv(*spec))
-    return out
+    _sync()
+    return host.alltoallv(call, send, send_counts, out, recv_counts)
