@@ -46,6 +46,7 @@ def wire(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return np.dtype("float32") if dtype in (np.dtype("float16"), BF16) else dtype
 
 
+BITWISE = ("band", "bor", "bxor")
 _NUMPY_OPS = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum,
               "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
               "bxor": np.bitwise_xor}
@@ -54,12 +55,32 @@ _BOOL_OPS = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
              "bxor": np.logical_xor}
 
 
+def reduce_error(dtype: Any, op: str) -> type[Exception] | None:
+    """The error fcoll documents for reducing ``dtype`` with ``op`` (API.md, "Dtypes, ops and
+    errors"; docs/dtypes.md), raised by every transport before anything is sent, or None.
+
+    Example:
+        >>> reduce_error(bool, "avg"), reduce_error("complex64", "max"), reduce_error("int8", "bor")
+        (<class 'TypeError'>, <class 'ValueError'>, None)
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c" and op not in ("sum", "avg"):
+        return ValueError  # complex data has no order and no bits (checked first)
+    if op == "avg" and dtype not in FLOATS and dtype.kind != "c":
+        return TypeError  # integers and bool: use sum and divide
+    if op in BITWISE and dtype.kind not in "biu":
+        return TypeError
+    return None
+
+
 def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
-    """numpy's reduction of ``inputs`` in rank order, with fcoll's dtype rules."""
+    """numpy's reduction of ``inputs`` in rank order, with fcoll's dtype rules; for a pair
+    fcoll refuses, the error it documents (`reduce_error`)."""
     dtype = inputs[0].dtype
+    error = reduce_error(dtype, op)
+    if error is not None:
+        raise error(f"reference: fcoll documents {error.__name__} for {op} on {dtype}")
     if dtype == np.bool_:
-        if op not in _BOOL_OPS:  # avg: fcoll raises TypeError for bool, as numpy has no mean op
-            raise TypeError(f"reference: no {op} for bool")
         return functools.reduce(_BOOL_OPS[op], inputs)
     w = wire(dtype)
     total = functools.reduce(_NUMPY_OPS[op], [x.astype(w) for x in inputs])

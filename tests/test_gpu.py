@@ -2,18 +2,20 @@
 (``FCOLL_GPU_TRANSPORT=mpi``, any world size on one GPU), against numpy references.
 
 Skipped, with the reason, where cupy or a CUDA device is missing (as on CI).
+``FCOLL_GPU_TRANSPORT=nccl`` or ``mpi`` when pytest starts tests that transport alone
+(scripts/gpu-check.sh runs each); unset or ``auto``, both.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll._plan import nccl_plan
-from tests.helpers import ALL_DTYPES, BF16, bits, data, reference, same_bits
+from tests.helpers import ALL_DTYPES, BF16, BITWISE, bits, data, reduce_error, reference, same_bits
 
 
 def _gpu_reason() -> str | None:
@@ -33,6 +35,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str
 OPS = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"]
 
 
+def _transports() -> list[str]:
+    """``FCOLL_GPU_TRANSPORT=nccl`` or ``mpi`` when the session starts: that transport alone
+    (scripts/gpu-check.sh runs each in turn); unset or ``auto``: both."""
+    chosen = os.environ.get("FCOLL_GPU_TRANSPORT", "").strip().lower()
+    return [chosen] if chosen in ("nccl", "mpi") else ["nccl", "mpi"]
+
+
 def _local_size() -> int:
     from fcoll._runtime import mpi
 
@@ -50,7 +59,7 @@ def device() -> int:
     return fcoll.gpu.use_local_device()
 
 
-@pytest.fixture(params=["nccl", "mpi"])
+@pytest.fixture(params=_transports())
 def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     import cupy
 
@@ -88,30 +97,35 @@ def _dtypes() -> list[np.dtype[Any]]:
     return ALL_DTYPES
 
 
+def _all_reduce_error(x: Any, op: str, group: Any) -> type[Exception] | None:
+    """The type of what ``fc.all_reduce(x, op, group=group)`` raises, or None."""
+    try:
+        fc.all_reduce(x, op, group=group)
+    except Exception as error:
+        return type(error)
+    return None
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_all_reduce_every_dtype(transport, group, op):
+    """Every dtype: numpy's values; for a pair fcoll refuses, exactly the error the numpy path
+    raises (the documented one, `reduce_error`); on NCCL, `NotImplementedError` for bitwise
+    ops on integers (docs/gpu.md, "Dtypes and ops on NCCL")."""
     for dtype in _dtypes():
         inputs = [data(r, (3, 2), dtype, salt=1) for r in range(group.size)]
         x = _cp(inputs[group.rank])
-        try:
-            want = reference(inputs, op)
-        except TypeError:
-            want = None
-        try:
-            if transport == "nccl":
-                nccl_plan(dtype, op, 22105, "all_reduce")
-        except NotImplementedError:
-            with pytest.raises(NotImplementedError):
+        documented = reduce_error(dtype, op)
+        if documented is not None:
+            on_host = _all_reduce_error(inputs[group.rank], op, group.arg)
+            on_device = _all_reduce_error(x, op, group.arg)
+            assert on_host is documented and on_device is documented, (
+                dtype, op, documented, on_host, on_device)
+            continue
+        if transport == "nccl" and op in BITWISE and dtype != np.bool_:
+            with pytest.raises(NotImplementedError, match=f"NCCL has no {op} reduction for {dtype}"):
                 fc.all_reduce(x, op, group=group.arg)
             continue
-        except (TypeError, ValueError):
-            pass
-        if want is None or (dtype.kind == "c" and op not in ("sum", "avg")) or (
-                op in ("band", "bor", "bxor") and dtype.kind not in "biu") or (
-                op == "avg" and dtype.kind not in "fcV" and dtype != BF16):
-            with pytest.raises((TypeError, ValueError)):
-                fc.all_reduce(x, op, group=group.arg)
-            continue
+        want = reference(inputs, op)
         got = _np(fc.all_reduce(x, op, group=group.arg))
         assert got.dtype == dtype and got.shape == (3, 2)
         if op == "avg":

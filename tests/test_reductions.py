@@ -9,22 +9,13 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from tests.helpers import ALL_DTYPES, BF16, COMPLEX, FLOATS, INTS, data, reference, same_bits
+from tests.helpers import ALL_DTYPES, BF16, COMPLEX, data, reduce_error, reference, same_bits
 
 OPS = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"]
 
 
-def _allowed(dtype: np.dtype, op: str) -> bool:
-    if dtype.kind == "c":
-        return op in ("sum", "avg")
-    if op == "avg":
-        return dtype in FLOATS
-    if op in ("band", "bor", "bxor"):
-        return dtype == np.bool_ or dtype in INTS
-    return True
-
-
-CASES = [(d, op) for d in ALL_DTYPES for op in OPS if _allowed(d, op)]
+CASES = [(d, op) for d in ALL_DTYPES for op in OPS if reduce_error(d, op) is None]
+REFUSED = [(d, op, error) for d in ALL_DTYPES for op in OPS if (error := reduce_error(d, op))]
 
 
 def _inputs(g, shape, dtype, salt, high=4):
@@ -40,6 +31,19 @@ def test_all_reduce_every_dtype_and_op(group, dtype, op):
     y = fc.all_reduce(x, op, group=group.arg)
     assert same_bits(y, reference(inputs, op))
     assert same_bits(x, before) and y is not x and not np.shares_memory(x, y)
+
+
+@pytest.mark.parametrize(("dtype", "op", "error"), REFUSED,
+                         ids=[f"{d}-{op}" for d, op, _ in REFUSED])
+def test_refused_pairs_raise_the_documented_error(group, dtype, op, error):
+    """Every (dtype, op) the docs refuse raises exactly that type (not a subclass), before
+    anything is sent; tests/helpers.reference raises the same (the GPU tests rely on it)."""
+    x = data(group.rank, (2,), dtype)
+    with pytest.raises(error) as raised:
+        fc.all_reduce(x, op, group=group.arg)
+    assert raised.type is error
+    with pytest.raises(error):
+        reference([x], op)
 
 
 @pytest.mark.smoke
