@@ -3,7 +3,9 @@
 numpy arrays go to the host MPI transport (`fcoll.backends.mpi`); cupy arrays to NCCL
 (`fcoll.gpu.nccl`) where cupy has it, else to MPI: CUDA-aware (`fcoll.gpu.aware`) where
 the probe says so, else staged through host memory (`fcoll.gpu.staged`).
-``FCOLL_GPU_TRANSPORT=mpi`` skips NCCL, ``=nccl`` requires it.
+``FCOLL_GPU_TRANSPORT=mpi`` skips NCCL, ``=nccl`` requires it; unset (``auto``), a group
+whose ranks share a GPU uses MPI (`fcoll.gpu.route.choose` decides that per group, together).
+The setting is read once, at the first GPU call (and again after `fcoll.init` or `forget`).
 
 The array check goes through ``sys.modules``: if cupy was never imported, no array can be
 a cupy array, so numpy users never import cupy (and pay one dict lookup, only for inputs
@@ -19,12 +21,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fcoll import _runtime
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 
 TRANSPORTS = ("auto", "nccl", "mpi")
 ENV = "FCOLL_GPU_TRANSPORT"
 _AWARE: list[bool] = []  # the probe's answer, asked once per process
+_SETTING: list[Literal["auto", "nccl", "mpi"]] = []  # FCOLL_GPU_TRANSPORT, read once
 
 
 def is_cupy(x: object) -> bool:
@@ -52,11 +56,27 @@ def any_cupy(xs: object, fn: str, name: str) -> bool:
 
 
 def transport() -> Literal["auto", "nccl", "mpi"]:
-    """The value of ``FCOLL_GPU_TRANSPORT`` (``auto`` when unset); `ValueError` if unknown."""
+    """The value of ``FCOLL_GPU_TRANSPORT`` (``auto`` when unset); `ValueError` if unknown.
+
+    Read once (the GPU path's per-call cost matters); `forget` makes the next call read it
+    again."""
+    if _SETTING:
+        return _SETTING[0]
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if value not in TRANSPORTS:
         raise ValueError(f"{ENV}: expected one of {list(TRANSPORTS)}, got {value!r}")
-    return value  # type: ignore[return-value]
+    _SETTING.append(value)  # type: ignore[arg-type]
+    return _SETTING[0]
+
+
+def forget() -> None:
+    """Read ``FCOLL_GPU_TRANSPORT`` again, probe CUDA-aware MPI again and look for NCCL again
+    at the next GPU call (`fcoll.init` does this; so do tests that change the setting)."""
+    from fcoll.gpu import nccl
+
+    _SETTING.clear()
+    _AWARE.clear()
+    nccl.forget()
 
 
 def aware() -> bool:
@@ -69,7 +89,8 @@ def aware() -> bool:
     return _AWARE[0]
 
 
-def _mpi_for_device() -> Backend:
+def mpi_for_device() -> Backend:
+    """The MPI backend for cupy arrays: CUDA-aware where the probe says so, else staged."""
     from fcoll.gpu import aware as cuda_aware
     from fcoll.gpu import staged
 
@@ -81,7 +102,7 @@ def gpu_backend(group: Any = None) -> Backend:
     else MPI (CUDA-aware or staged through host memory)."""
     choice = transport()
     if choice == "mpi":
-        return _mpi_for_device()
+        return mpi_for_device()
     from fcoll.gpu import nccl
 
     if nccl.available():
@@ -90,7 +111,7 @@ def gpu_backend(group: Any = None) -> Backend:
         raise RuntimeError(f"{ENV}=nccl: expected cupy with NCCL (cupy.cuda.nccl.available), "
                            f"got none ({nccl.why_unavailable()}); install nvidia-nccl-cu12 "
                            "or set FCOLL_GPU_TRANSPORT=mpi")
-    return _mpi_for_device()
+    return mpi_for_device()
 
 
 def backend_for(x: object, group: Any = None) -> Backend:
@@ -118,3 +139,5 @@ def device_list(xs: object, group: Any, fn: str, name: str) -> Backend | None:
     entry if it mixes host and device arrays."""
     return gpu_backend(group) if any_cupy(xs, fn, name) else None
 
+
+_runtime.on_change(forget)  # fcoll.init re-reads the settings

@@ -66,6 +66,13 @@ class Call:
         return self.comm
 
 
+def fast_eligible(g: Any) -> bool:
+    """Whether calls on ``g`` may take a fast path (`fcoll.collectives._fast`,
+    `fcoll.gpu.fast`): ``g`` is the live world group, with no deadline and no debug checks."""
+    s = _runtime._state
+    return g is s.world and s.world.usable and not s.checking and s.timeout is None and g.timeout is None
+
+
 def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
     """Mark ``group`` unusable and build the error for a call that missed its deadline."""
     reason = (f"{fn} (call #{seq} on the group) did not complete within its "

@@ -36,6 +36,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         fake_cupy.uninstall()
 
 
+@pytest.fixture(autouse=True)
+def _gpu_transport_read_afresh() -> None:
+    """fcoll reads FCOLL_GPU_TRANSPORT once per process; tests that set it (monkeypatch)
+    need it read again, and fast paths learned under another setting dropped."""
+    from fcoll import _dispatch
+    from fcoll.gpu import fast
+
+    _dispatch._SETTING.clear()
+    fast.reset()
+
+
 @dataclass(frozen=True)
 class G:
     """A group under test: ``arg`` is what tests pass as ``group=``."""

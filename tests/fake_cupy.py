@@ -125,8 +125,9 @@ _NULL_STREAM = Stream(null=True)
 
 
 class _Pointer:
-    def __init__(self, ptr: int) -> None:
+    def __init__(self, ptr: int, device_id: int = 0) -> None:
         self.ptr = ptr  # cupy's MemoryPointer.ptr
+        self.device_id = device_id  # and its device_id
 
 
 def _need(a: Any) -> ndarray:
@@ -149,7 +150,14 @@ class ndarray(Array):
 
     @property
     def data(self) -> _Pointer:  # type: ignore[override]
-        return _Pointer(int(self.ctypes.data))
+        pointer = self.__dict__.get("_pointer")  # an array's memory never moves: made once
+        if pointer is None:
+            pointer = self.__dict__["_pointer"] = _Pointer(int(self.ctypes.data), self._device_id)
+        return pointer  # type: ignore[no-any-return]
+
+    @property
+    def _c_contiguous(self) -> bool:  # cupy's cdef attribute, read by fcoll's fast paths
+        return bool(self.flags.c_contiguous)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """numpy's ufunc on the plain arrays; refuses numpy arrays, as cupy's ufuncs do."""
@@ -350,8 +358,9 @@ def _module(name: str, **attrs: Any) -> types.ModuleType:
 
 
 runtime = _module(
-    "cupy.cuda.runtime", getDeviceCount=getDeviceCount, runtimeGetVersion=lambda: 12040,
-    driverGetVersion=lambda: 12040, getDeviceProperties=lambda i: {"name": b"fake_cupy (CPU)"})
+    "cupy.cuda.runtime", getDeviceCount=getDeviceCount, getDevice=lambda: _state.device,
+    runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12040,
+    getDeviceProperties=lambda i: {"name": b"fake_cupy (CPU)"})
 nccl = _module(
     "cupy.cuda.nccl", available=True, get_version=get_version, NcclError=NcclError,
     get_unique_id=lambda: (int(_mpi().COMM_WORLD.Get_rank()), next(_serials)),
@@ -372,6 +381,8 @@ cupy = _module(
     arange=lambda *args, **kwargs: _here(np.arange(*args, **kwargs)),
     concatenate=lambda arrays, axis=0: _here(np.concatenate([_need(a) for a in arrays], axis)),
     moveaxis=lambda a, source, destination: np.moveaxis(_need(a), source, destination),
+    split=lambda a, indices_or_sections, axis=0: np.split(_need(a), indices_or_sections, axis),
+    expand_dims=lambda a, axis: np.expand_dims(_need(a), axis),
     multiply=np.multiply)  # a fake array's ufunc refuses numpy arrays
 _MODULES = {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.nccl": nccl}
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fcoll import _runtime
+from fcoll.work import fast_eligible as eligible
 
 if TYPE_CHECKING:
     from fcoll.group import Group
@@ -42,13 +43,6 @@ def reset() -> None:
 
 
 _runtime.on_change(reset)  # fcoll.init and broken groups drop every fast path
-
-
-def eligible(g: Group) -> bool:
-    """Whether calls on ``g`` may take a fast path: ``g`` is the live world group, with no
-    deadline and no debug checks."""
-    s = _runtime._state
-    return g is s.world and s.world.usable and not s.checking and s.timeout is None and g.timeout is None
 
 
 def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast], *args: Any) -> None:

@@ -26,6 +26,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
+from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
 from fcoll.group import Group, GroupArg, member
 from fcoll.work import Call, Work, complete_pending
@@ -51,13 +52,16 @@ def broadcast(
         >>> y                                           # on every rank
         array([1])
     """
-    if group is None and not async_op and type(x) is np.ndarray and type(src) is int:
-        fast = _fast.BROADCAST.get((src, x.dtype))
+    if group is None and not async_op and type(src) is int:
+        if type(x) is np.ndarray:
+            fast = _fast.BROADCAST.get((src, x.dtype))
+        else:
+            fast = gpu_fast.BROADCAST.get((src, x.dtype)) if type(x) in gpu_fast.ARRAY else None
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "broadcast", broadcast, x, src, group, async_op=async_op)
+        return route.run(on, "broadcast", broadcast, x, src, group=group, async_op=async_op)
     g, call = member(group, "broadcast")
     with _debug.checked(g, call, "broadcast", x=x, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
@@ -154,15 +158,17 @@ def all_gather_into_tensor(
         array([[0, 0],
                [1, 1]])
     """
-    if group is None and not async_op and sizes is None and type(x) is np.ndarray \
-            and type(gather_dim) is int and gather_dim == 0:
-        fast = _fast.ALL_GATHER.get(x.dtype)
+    if group is None and not async_op and sizes is None and type(gather_dim) is int and gather_dim == 0:
+        if type(x) is np.ndarray:
+            fast = _fast.ALL_GATHER.get(x.dtype)
+        else:
+            fast = gpu_fast.ALL_GATHER.get(x.dtype) if type(x) in gpu_fast.ARRAY else None
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
     fn = "all_gather_into_tensor"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, all_gather_into_tensor, x, group, gather_dim=gather_dim, sizes=sizes,
+        return route.run(on, fn, all_gather_into_tensor, x, group=group, gather_dim=gather_dim, sizes=sizes,
                        async_op=async_op)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, gather_dim=gather_dim, sizes=sizes):
@@ -247,15 +253,17 @@ def all_to_all_single(
         >>> y                                                           # on rank 1
         array([ 1, 11])
     """
-    if group is None and not async_op and output_split_sizes is None and input_split_sizes is None \
-            and type(x) is np.ndarray:
-        fast = _fast.ALL_TO_ALL.get(x.dtype)
+    if group is None and not async_op and output_split_sizes is None and input_split_sizes is None:
+        if type(x) is np.ndarray:
+            fast = _fast.ALL_TO_ALL.get(x.dtype)
+        else:
+            fast = gpu_fast.ALL_TO_ALL.get(x.dtype) if type(x) in gpu_fast.ARRAY else None
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
     fn = "all_to_all_single"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group,
+        return route.run(on, fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group=group,
                        async_op=async_op)
     g, call = member(group, fn)
     n = g.size

@@ -17,6 +17,7 @@ from fcoll._plan import reduction_plan
 from fcoll._validate import check_arrays, check_dim, check_divisible, check_rank
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast, _fold, nonblocking
+from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
 from fcoll.group import GroupArg, member
 from fcoll.ops import Op
@@ -50,13 +51,16 @@ def all_reduce(
         >>> y                                           # on every rank
         array([10.])
     """
-    if group is None and not async_op and type(x) is np.ndarray:
-        fast = _fast.ALL_REDUCE.get((op, x.dtype)) if type(op) is str else None
+    if group is None and not async_op and type(op) is str:
+        if type(x) is np.ndarray:
+            fast = _fast.ALL_REDUCE.get((op, x.dtype))
+        else:
+            fast = gpu_fast.ALL_REDUCE.get((op, x.dtype)) if type(x) in gpu_fast.ARRAY else None
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "all_reduce", all_reduce, x, op, group, async_op=async_op)
+        return route.run(on, "all_reduce", all_reduce, x, op, group=group, async_op=async_op)
     g, call = member(group, "all_reduce")
     with _debug.checked(g, call, "all_reduce", x=x, op=op):
         plan = reduction_plan(x, op, g, "all_reduce")
@@ -95,7 +99,7 @@ def reduce(
         array([6])
     """
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "reduce", reduce, x, dst, op, group, async_op=async_op)
+        return route.run(on, "reduce", reduce, x, dst, op, group=group, async_op=async_op)
     g, call = member(group, "reduce")
     with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
         root = check_rank(dst, g.size, "reduce", "dst")
@@ -144,14 +148,17 @@ def reduce_scatter_tensor(
         >>> y                                              # rank 0; rank 1: [4., 6.]
         array([0., 2.])
     """
-    if group is None and not async_op and type(x) is np.ndarray and type(scatter_dim) is int \
+    if group is None and not async_op and type(op) is str and type(scatter_dim) is int \
             and scatter_dim == 0:
-        fast = _fast.REDUCE_SCATTER.get((op, x.dtype)) if type(op) is str else None
+        if type(x) is np.ndarray:
+            fast = _fast.REDUCE_SCATTER.get((op, x.dtype))
+        else:
+            fast = gpu_fast.REDUCE_SCATTER.get((op, x.dtype)) if type(x) in gpu_fast.ARRAY else None
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "reduce_scatter_tensor", reduce_scatter_tensor, x, op, group,
+        return route.run(on, "reduce_scatter_tensor", reduce_scatter_tensor, x, op, group=group,
                          scatter_dim=scatter_dim, async_op=async_op)
     fn = "reduce_scatter_tensor"
     g, call = member(group, fn)
@@ -184,7 +191,7 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         array([2., 2.])
     """
     if (on := device_list(chunks, group, "reduce_scatter", "chunks")) is not None:
-        return route.run(on, "reduce_scatter", reduce_scatter, chunks, op, group)
+        return route.run(on, "reduce_scatter", reduce_scatter, chunks, op, group=group)
     fn = "reduce_scatter"
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, chunks=chunks, op=op):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._plan import nccl_plan, reduction_plan
+from fcoll._plan import NcclPlan, nccl_plan, reduction_plan
 from fcoll._validate import (
     check_count,
     check_dim,
@@ -33,7 +33,7 @@ from fcoll._validate import (
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype
-from fcoll.gpu import nccl
+from fcoll.gpu import fast, nccl
 from fcoll.group import Group, member
 from fcoll.work import Call, event_work
 
@@ -50,6 +50,20 @@ def enter(group: Any, x: Any, fn: str) -> tuple[Group, Call]:
     g, call = member(group, fn)
     check_dtype(x.dtype, fn)
     return g, call
+
+
+_PLANS: dict[tuple[Any, Any], NcclPlan] = {}  # (dtype, op name): made once per process
+
+
+def plan_for(dtype: Any, op: object, fn: str) -> NcclPlan:
+    """`nccl_plan` under this process's NCCL, made once per (dtype, op name)."""
+    key = (dtype, op)
+    plan = _PLANS.get(key) if type(op) is str else None
+    if plan is None:
+        plan = nccl_plan(dtype, op, nccl.version(), fn)
+        if type(op) is str:
+            _PLANS[key] = plan
+    return plan
 
 
 def done(fn: str, g: Group, value: Any, async_op: bool) -> Any:
@@ -72,10 +86,14 @@ def all_reduce(backend: Backend, x: Any, op: object = "sum", group: Any = None, 
             return NotImplemented
         with x.device:
             return backend.allreduce(call, cp().ascontiguousarray(x), plan.op)
-    nplan = nccl_plan(x.dtype, op, nccl.version(), fn)
+    nplan = plan_for(x.dtype, op, fn)
     with x.device:
         out = backend.allreduce(call, nplan.wire(x, cp()), nplan.op)
-        return done(fn, g, nplan.finish(out, g.size, x.shape), async_op)
+        result = nplan.finish(out, g.size, x.shape)
+    if nplan.native and not async_op and type(op) is str:
+        fast.learn(fast.ALL_REDUCE, (op, x.dtype), g, fast.all_reduce, nccl.DATATYPES[x.dtype],
+                   int(nplan.op))
+    return done(fn, g, result, async_op)
 
 
 def reduce(backend: Backend, x: Any, dst: int = 0, op: object = "sum", group: Any = None, *,
@@ -83,7 +101,7 @@ def reduce(backend: Backend, x: Any, dst: int = 0, op: object = "sum", group: An
     fn = "reduce"
     g, call = enter(group, x, fn)
     root = check_rank(dst, g.size, fn, "dst")
-    plan = nccl_plan(x.dtype, op, nccl.version(), fn)
+    plan = plan_for(x.dtype, op, fn)
     with x.device:
         out = backend.reduce(call, plan.wire(x, cp()), plan.op, root)
         return done(fn, g, None if out is None else plan.finish(out, g.size, x.shape), async_op)
@@ -93,7 +111,7 @@ def reduce_scatter_tensor(backend: Backend, x: Any, op: object = "sum", group: A
                           scatter_dim: int = 0, async_op: bool = False) -> Any:
     fn = "reduce_scatter_tensor"
     g, call = enter(group, x, fn)
-    plan = nccl_plan(x.dtype, op, nccl.version(), fn)
+    plan = plan_for(x.dtype, op, fn)
     dim, n = check_dim(x, scatter_dim, fn, "scatter_dim"), g.size
     check_divisible(x.shape, dim, n, fn, f"x.shape[{scatter_dim}]")
     with x.device:
@@ -101,7 +119,11 @@ def reduce_scatter_tensor(backend: Backend, x: Any, op: object = "sum", group: A
         blocks = cp().moveaxis(x.reshape(shape), dim, 0)
         out = backend.reduce_scatter_block(call, plan.wire(blocks, cp()), plan.op)
         out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
-        return done(fn, g, plan.finish(out, n, out_shape), async_op)
+        result = plan.finish(out, n, out_shape)
+    if dim == 0 and plan.native and not async_op and type(op) is str:
+        fast.learn(fast.REDUCE_SCATTER, (op, x.dtype), g, fast.reduce_scatter,
+                   nccl.DATATYPES[x.dtype], int(plan.op))
+    return done(fn, g, result, async_op)
 
 
 def reduce_scatter(backend: Backend, chunks: Sequence[Any], op: object = "sum",
@@ -113,7 +135,7 @@ def reduce_scatter(backend: Backend, chunks: Sequence[Any], op: object = "sum",
     check_same_dtype(chunks, fn, "chunks")
     x = chunks[g.rank]
     enter(group, x, fn)
-    plan = nccl_plan(x.dtype, op, nccl.version(), fn)
+    plan = plan_for(x.dtype, op, fn)
     with x.device:
         wires = [plan.wire(c, cp()) for c in chunks]
         width = max(w.size for w in wires)
@@ -132,7 +154,9 @@ def broadcast(backend: Backend, x: Any, src: int = 0, group: Any = None, *,
     with x.device:
         out = cp().array(x, order="C", copy=True) if g.rank == root else cp().empty(x.shape, x.dtype)
         backend.bcast(call, out.reshape(-1).view(np.uint8), root)
-        return done(fn, g, out, async_op)
+    if backend is nccl and not async_op and type(src) is int:
+        fast.learn(fast.BROADCAST, (src, x.dtype), g, fast.broadcast, root)
+    return done(fn, g, out, async_op)
 
 
 def _gather_rows(backend: Backend, call: Call, n: int, send: Any, counts: list[int]) -> Any:
@@ -167,6 +191,7 @@ def all_gather_into_tensor(backend: Backend, x: Any, group: Any = None, *, gathe
                            sizes: Sequence[int] | str | None = None, async_op: bool = False) -> Any:
     fn = "all_gather_into_tensor"
     g, call = enter(group, x, fn)
+    learnable = backend is nccl and x.ndim > 0 and sizes is None and not async_op
     x = x.reshape(1) if x.ndim == 0 else x
     dim = check_dim(x, gather_dim, fn, "gather_dim")
     lengths = _gathered_lengths(call, g, x, dim, sizes, gather_dim, fn)
@@ -176,7 +201,9 @@ def all_gather_into_tensor(backend: Backend, x: Any, group: Any = None, *, gathe
         flat = _gather_rows(backend, call, g.size, as_bytes(front), [s * row for s in lengths])
         y = flat.view(x.dtype).reshape(sum(lengths), *front.shape[1:])
         y = y if dim == 0 else cp().ascontiguousarray(cp().moveaxis(y, 0, dim))
-        return done(fn, g, y, async_op)
+    if learnable and dim == 0:
+        fast.learn(fast.ALL_GATHER, x.dtype, g, fast.all_gather)
+    return done(fn, g, y, async_op)
 
 
 def _received(call: Call, g: Group, x: Any, ins: list[int], outs: list[int] | None,
@@ -205,4 +232,6 @@ def all_to_all_single(backend: Backend, x: Any, output_split_sizes: Sequence[int
             backend.alltoallv(call, send, [s * row for s in ins], into, [r * row for r in received])
         else:
             backend.alltoall(call, send, into)
-        return done(fn, g, out, async_op)
+    if backend is nccl and not uneven and not async_op:
+        fast.learn(fast.ALL_TO_ALL, x.dtype, g, fast.all_to_all, nccl.module())
+    return done(fn, g, out, async_op)
