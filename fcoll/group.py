@@ -48,6 +48,7 @@ class Group:
         self.call = Call(self, comm)  # the public call in progress (refreshed by `member`)
         self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (fcoll.gpu.nccl)
         self.nccl_device = -1  # the GPU it was made on
+        self.gpu_shared: list[list[int]] | None = None  # ranks sharing a GPU (None: not asked yet)
         self.side_comm: Any = None  # a Dup for tagged point-to-point steps (collectives.nonblocking)
 
     @classmethod

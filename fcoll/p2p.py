@@ -5,11 +5,16 @@ on the group's communicator: a header of int64 ``[kind, dtype index, ndim, *shap
 (padded to 16 bytes) on tag ``2 * tag``; small arrays ride in the same message after the
 header, large ones follow as a second message on tag ``2 * tag + 1`` (no copy). MPI keeps
 messages between two ranks on one tag in order, so header and data always pair up.
+
+cupy arrays travel through host memory; the header's kind carries a flag (`_CUPY`) that
+the array was a cupy array, and a receiver with cupy imported gets a cupy array on its
+current device (the device current when it called `recv`/`irecv`), else numpy.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ MPI = mpi()
 BYTE = MPI.BYTE
 INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header message
 _INLINE, _SEPARATE = 1, 2
+_CUPY = 4  # or-ed into the kind: the sender's array was a cupy array
 _DTYPES = sorted(SUPPORTED, key=str)
 _DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
 _MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1024
@@ -68,11 +74,30 @@ def _header(x: np.ndarray, kind: int) -> bytes:
     return _FORMATS[x.ndim].pack(kind, _DTYPE_INDEX[x.dtype], x.ndim, *x.shape, *pad)
 
 
-def _packed(x: np.ndarray) -> bytes:
+def _packed(x: np.ndarray, flags: int = 0) -> bytes:
     """Header and data in one fresh buffer (also the snapshot an isend needs)."""
-    pad = (0,) * (x.ndim + 1 & 1)
-    header = _FORMATS[x.ndim].pack(_INLINE, _DTYPE_INDEX[x.dtype], x.ndim, *x.shape, *pad)
-    return header + x.tobytes()
+    return _header(x, _INLINE | flags) + x.tobytes()
+
+
+def _host(x: Any) -> tuple[Any, int]:
+    """``x`` as the host array that travels, and the header flags saying what it was."""
+    if type(x) is not np.ndarray and is_cupy(x):
+        return staged.to_host(x), _CUPY
+    return x, 0
+
+
+def _receiving_device() -> int | None:
+    """The current device if cupy is imported (a cupy message lands there), else None."""
+    cupy = sys.modules.get("cupy")
+    return None if cupy is None else int(cupy.cuda.Device().id)
+
+
+def _arrived(out: np.ndarray, kind: int, device: int | None) -> Any:
+    """The received array as the receiver gets it: cupy on ``device`` if it was sent as
+    cupy and the receiver has cupy, else numpy."""
+    if kind & _CUPY and device is not None:
+        return staged.to_device(out, device)
+    return out
 
 
 def _parse(buf: np.ndarray) -> tuple[int, np.dtype[Any], tuple[int, ...], int]:
@@ -306,7 +331,7 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         from fcoll.gpu import route
 
-        return route.run(on, fn, permute_tensor, x, src_dst, group)
+        return route.run(on, fn, permute_tensor, x, src_dst, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, src_dst=src_dst):
         check_array(x, fn)

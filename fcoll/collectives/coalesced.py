@@ -65,7 +65,7 @@ def all_reduce_coalesced(
     """
     fn = "all_reduce_coalesced"
     if (on := device_list(xs, group, fn, "xs")) is not None:
-        return route.run(on, fn, all_reduce_coalesced, xs, op, group)
+        return route.run(on, fn, all_reduce_coalesced, xs, op, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
@@ -91,7 +91,7 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     """
     fn = "all_gather_into_tensor_coalesced"
     if (on := device_list(xs, group, fn, "xs")) is not None:
-        return route.run(on, fn, all_gather_into_tensor_coalesced, xs, group)
+        return route.run(on, fn, all_gather_into_tensor_coalesced, xs, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, xs=xs):
         arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
@@ -119,7 +119,7 @@ def reduce_scatter_tensor_coalesced(
     """
     fn = "reduce_scatter_tensor_coalesced"
     if (on := device_list(xs, group, fn, "xs")) is not None:
-        return route.run(on, fn, reduce_scatter_tensor_coalesced, xs, op, group)
+        return route.run(on, fn, reduce_scatter_tensor_coalesced, xs, op, group=group)
     g, call = member(group, fn)
     n = g.size
     with _debug.checked(g, call, fn, xs=xs, op=op):

@@ -34,7 +34,7 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
     """
     fn = "all_gather"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, all_gather, x, group)
+        return route.run(on, fn, all_gather, x, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x):
         check_array(x, fn)
@@ -56,7 +56,7 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
     """
     fn = "gather"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, gather, x, dst, group)
+        return route.run(on, fn, gather, x, dst, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, dst=dst):
         root = check_rank(dst, g.size, fn, "dst")
@@ -112,7 +112,7 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     """
     fn = "all_to_all"
     if (on := device_list(chunks, group, fn, "chunks")) is not None:
-        return route.run(on, fn, all_to_all, chunks, group)
+        return route.run(on, fn, all_to_all, chunks, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
