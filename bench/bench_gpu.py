@@ -16,7 +16,8 @@ broadcast) and size, in the same process and on the same stream, per call:
 - ``graph``/``graph raw``: the same calls captured in a CUDA graph (cupy stream capture),
   replayed: time per call, results checked after the replay.
 
-Timing: CUDA events around a loop of ``iters`` calls, implementations alternating batch by
+Timing: CUDA events around a loop of calls (as many as fill about 5 ms of raw NCCL, at least
+``--iters``), implementations alternating within each batch, their order rotating from batch to
 batch; the median batch. Targets (issue 15): fcoll/raw <= 1.3 and fcoll < torch at every
 size. ``return`` is the host time for fcoll's loop to return. Exits with a message (status
 0) where there is no GPU or NCCL.
@@ -197,6 +198,12 @@ def _graph(cp: Any, fn: Callable[[], Any], iters: int, batches: int) -> tuple[fl
     return statistics.median(times), results
 
 
+def _iters(cp: Any, raw: Callable[[], Any], least: int) -> int:
+    """Calls per batch: enough raw calls to fill about 5 ms of GPU time, at least ``least``."""
+    per_call = _time(cp, raw, least)[0]
+    return max(least, min(int(5e-3 / max(per_call, 1e-9)), 2000))
+
+
 def _expected(cp: Any, op: str, x: Any, n: int) -> Any:
     """What every implementation must produce from all-ones inputs on every rank."""
     size = {"all_gather_into_tensor": x.size * n, "reduce_scatter_tensor": x.size // n}
@@ -211,17 +218,18 @@ def _row(cp: Any, comm: Any, n: int, op: str, size: int, args: argparse.Namespac
     first = calls["fcoll"]()
     if not bool(cp.array_equal(first, _expected(cp, op, x, n))):
         raise SystemExit(f"bench_gpu: fcoll.{op} gave a wrong result at {size} B")
-    iters = args.iters if size <= 16 * MiB else max(args.iters // 4, 3)
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    returns: list[float] = []
     for call in calls.values():
         call()  # warm up
-    for _ in range(args.batches):
-        for name, call in calls.items():
+    iters = _iters(cp, calls["raw"], args.iters)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    returns: list[float] = []
+    names = list(calls)
+    for batch in range(args.batches):
+        for name in names[batch % len(names):] + names[: batch % len(names)]:  # rotate the order
             if name == "torch":
-                times[name].append(_time_torch(call, iters))
+                times[name].append(_time_torch(calls[name], iters))
                 continue
-            gpu, host = _time(cp, call, iters)
+            gpu, host = _time(cp, calls[name], iters)
             times[name].append(gpu)
             if name == "fcoll":
                 returns.append(host)
@@ -252,12 +260,26 @@ def _print(row: dict[str, Any]) -> None:
           f"{row['fcoll'] / row['raw+new']:>9.2f}{torch}{flag}", flush=True)
 
 
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    """The table as markdown (µs per call; ratios of fcoll to raw, raw+new and torch)."""
+    shown = ("fcoll", "raw", "raw+new", "torch", "graph fcoll", "graph raw")
+    lines = ["| op | bytes | " + " | ".join(shown) + " | fcoll/raw | fcoll/raw+new | fcoll/torch |",
+             "|---|---:|" + "---:|" * (len(shown) + 3)]
+    for r in rows:
+        cells = [f"{r[c]:.1f}" if c in r else "—" for c in shown]
+        torch = f"{r['fcoll'] / r['torch']:.2f}" if "torch" in r else "—"
+        lines.append(f"| {r['op']} | {r['bytes']} | " + " | ".join(cells)
+                     + f" | {r['fcoll'] / r['raw']:.2f} | {r['fcoll'] / r['raw+new']:.2f} | {torch} |")
+    return "\n".join(lines) + "\n"
+
+
 def _write(rows: list[dict[str, Any]], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "gpu.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, ["op", "bytes", *COLUMNS])
         writer.writeheader()
         writer.writerows(rows)
+    (out / "gpu.md").write_text(_markdown(rows))
     try:
         import matplotlib
 
@@ -283,11 +305,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=_parse, default=SIZES)
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    parser.add_argument("--iters", type=int, default=40)
-    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--batches", type=int, default=7)
     parser.add_argument("--no-torch", action="store_true", help="leave the torch column out")
     parser.add_argument("--no-graph", action="store_true", help="leave the graph columns out")
-    parser.add_argument("--out", type=Path, help="write gpu.csv and gpu_latency.png here")
+    parser.add_argument("--out", type=Path, help="write gpu.csv, gpu.md and gpu_latency.png here")
     args = parser.parse_args()
     reason = _unavailable()
     if reason is not None:

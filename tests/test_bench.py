@@ -44,3 +44,29 @@ def test_model_fit_recovers_alpha_and_beta():
               for n in (2, 4, 8) for s in (8, 4096, 1 << 20, 1 << 24)]
     coef, err = fit(points, "all_reduce")
     assert np.allclose(coef, [c, alpha, beta], rtol=1e-6) and err < 1e-9
+
+
+def test_gpu_overhead_bench_times_every_op_on_the_stand_in():
+    """bench/gpu_overhead.py: fcoll's host cost per cupy call, on the CPU stand-in."""
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_overhead.py"), "--calls", "200"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**__import__("os").environ, "FCOLL_ALLOW_SINGLETON": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]]
+            for line in done.stdout.splitlines()[1:] if line.strip()}
+    assert set(rows) == {"all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
+                         "all_to_all_single", "broadcast"}, done.stdout
+    assert all(len(v) == 4 and v[0] > 0 for v in rows.values()), rows
+
+
+def test_gpu_bench_without_a_gpu_says_so_and_its_table_reads():
+    import bench_gpu
+
+    if bench_gpu._unavailable() is None:
+        pytest.skip("a GPU is here: scripts/gpu-check.sh runs the benchmark")
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and "bench_gpu: skipped:" in done.stdout, done.stdout + done.stderr
+    row = {"op": "all_reduce", "bytes": 8, "fcoll": 11.0, "raw": 5.5, "raw+new": 10.0, "torch": 22.0}
+    table = bench_gpu._markdown([row]).splitlines()
+    assert table[2].startswith("| all_reduce | 8 | 11.0 | 5.5 | 10.0 | 22.0 | — | — | 2.00 | 1.10 | 0.50 |")
