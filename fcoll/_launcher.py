@@ -5,7 +5,10 @@ loaded another (the system's Open MPI) does not give one job of N processes: eac
 starts MPI alone, as a singleton with a world of 1, and every collective "works" on its
 own data. `launcher_world` reads the job size the launcher announced in the environment;
 `singleton_message` explains the mismatch; `launchers` and `family` tell which MPI
-a launcher and a library belong to (for the message and ``python -m fcoll info``).
+a launcher and a library belong to (for the message and ``python -m fcoll info``);
+`library_of`, `pick_launcher` and `launch_settings` choose and set up the launcher of the
+MPI that mpi4py loads, for jobs fcoll starts (``python -m fcoll check``, and
+scripts/gpu-check.sh through ``python -m fcoll info``).
 
 Variables read (from the launchers' documentation; only MPICH's were tried here):
 MPICH's and Intel MPI's Hydra set ``PMI_SIZE``/``PMI_RANK`` and ``MPI_LOCALNRANKS``;
@@ -154,6 +157,87 @@ def launchers(python: str = sys.executable) -> dict[str, tuple[str, str]]:
     if os.access(beside, os.X_OK) and not (on_path and os.path.samefile(beside, on_path)):
         found["next to python"] = (beside, launcher_family(beside))
     return found
+
+
+# Run by `library_of` in a fresh Python: which MPI its mpi4py loads, without starting MPI.
+_VENDOR_PROBE = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False; "
+                 "from mpi4py import MPI; print(MPI.get_vendor()[0])")
+# Open MPI's launcher refuses more ranks than cores without --oversubscribe (and then also
+# leaves ranks unbound); as root it refuses to start unless these two are set.
+OPEN_MPI_FLAGS = ("--oversubscribe",)
+OPEN_MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def library_of(python: str = sys.executable, timeout: float = 60.0) -> str:
+    """The MPI (a `family` name) that ``python``'s mpi4py loads, asked of a fresh process
+    that does not start MPI; "" when it cannot tell.
+
+    Example:
+        >>> library_of("/opt/venv/bin/python3")      # mpi4py there loads the system's Open MPI
+        'Open MPI'
+    """
+    try:
+        done = subprocess.run([python, "-c", _VENDOR_PROBE], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return family(done.stdout) if done.returncode == 0 else ""
+
+
+def _candidates(python: str, env: Mapping[str, str]) -> list[str]:
+    """``mpiexec`` and ``mpirun`` next to ``python``, then in each ``PATH`` directory, once each."""
+    folders = [os.path.dirname(python), *env.get("PATH", "").split(os.pathsep)]
+    found: list[str] = []
+    seen: set[str] = set()
+    for folder in filter(None, folders):
+        for name in ("mpiexec", "mpirun"):
+            path = os.path.join(folder, name)
+            real = os.path.realpath(path)
+            if real not in seen and os.path.isfile(path) and os.access(path, os.X_OK):
+                seen.add(real)
+                found.append(path)
+    return found
+
+
+def pick_launcher(library: str, python: str = sys.executable,
+                  env: Mapping[str, str] = os.environ) -> str:
+    """The launcher for ranks of ``python`` whose mpi4py loaded MPI ``library``.
+
+    ``$MPIEXEC`` when set (your word); else the first ``mpiexec``/``mpirun`` next to
+    ``python``, then on ``PATH``, whose ``--version`` names an MPI that `agree`s with
+    ``library``; else the first one found whose MPI cannot be told; "" when none fits (a
+    launcher of another MPI would start N singletons).
+
+    Example:
+        >>> pick_launcher("Open MPI", "/opt/venv/bin/python3")  # venv/bin/mpiexec is MPICH's
+        '/usr/bin/mpiexec'
+    """
+    if env.get("MPIEXEC"):
+        return env["MPIEXEC"]
+    unknown = ""
+    for path in _candidates(python, env):
+        verdict = agree(launcher_family(path), library)
+        if verdict:
+            return path
+        if verdict is None and not unknown:
+            unknown = path
+    return unknown
+
+
+def launch_settings(library: str, root: bool | None = None) -> tuple[list[str], dict[str, str]]:
+    """The flags a launcher of MPI ``library`` needs for a small job on one node, and the
+    environment variables to add (Open MPI: ``--oversubscribe``; as root, the two
+    ``OMPI_ALLOW_RUN_AS_ROOT`` variables). ``root``: default, whether this process is root.
+
+    Example:
+        >>> launch_settings("Open MPI", root=True)[0], launch_settings("MPICH")
+        (['--oversubscribe'], ([], {}))
+    """
+    if library != "Open MPI":
+        return [], {}
+    if root is None:
+        root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return list(OPEN_MPI_FLAGS), dict(OPEN_MPI_ROOT_ENV) if root else {}
 
 
 def loaded_library(fallback: str = "") -> str:

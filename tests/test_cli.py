@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from fcoll.cli import check_cases
 from fcoll.cli import info as _info
-from fcoll.cli.check_cases import CHECKS, same
+from fcoll.cli.check_cases import CHECKS, HOST_ONLY, same
 from fcoll.cli.check_job import Verdict, report, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
+FAKE_SITE = ROOT / "tests" / "fake_cupy_site"  # puts tests/fake_cupy.py in every rank
 spawns = pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")
 
 
@@ -86,6 +88,43 @@ def test_check_reports_a_hung_job(tmp_path):
     done = _fcoll("check", "--timeout", "1", MPIEXEC=str(hang), timeout=30)
     assert done.returncode == 124, done.stdout + done.stderr
     assert "FAIL  the job timed out after 1 s" in done.stdout
+
+
+@spawns
+def test_check_on_cupy_arrays_on_the_cpu_stand_in():
+    """``--array all`` with FCOLL_FAKE_CUPY=1: every check on numpy, then every check that
+    takes arrays on (fake) cupy arrays, against the same numpy values."""
+    done = _fcoll("check", "-n", "2", "--array", "all", FCOLL_FAKE_CUPY="1",
+                  PYTHONPATH=os.pathsep.join([str(FAKE_SITE), str(ROOT)]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    on_cupy = [name for name in CHECKS if name not in HOST_ONLY]
+    assert "barrier" in HOST_ONLY and "all_reduce sum float64" in on_cupy
+    assert all(f"PASS  {name} [cupy]\n" in done.stdout for name in on_cupy), done.stdout
+    assert f"{len(CHECKS) + len(on_cupy)} passed, 0 failed on 2 ranks" in done.stdout
+    assert "2 ranks, 120 s limit, all arrays" in done.stdout
+
+
+@spawns
+def test_check_on_cupy_without_cupy_says_so(tmp_path):
+    """No cupy: ``--array cupy`` fails naming why; ``--array all`` notes it and passes."""
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text("raise ImportError('no cupy in this test')\n")
+    done = _fcoll("check", "-n", "1", "--array", "cupy", PYTHONPATH=str(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("FAIL  cupy arrays  on rank 0: [rank 0] no GPU here: cupy not importable "
+            "(ImportError: no cupy in this test)") in done.stdout
+    assert "0 passed, 1 failed on 1 rank" in done.stdout
+    done = _fcoll("check", "-n", "1", "--array", "all", "--only", "broadcast",
+                  PYTHONPATH=str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIP  cupy arrays: [rank 0] no GPU here: cupy not importable" in done.stdout
+    assert "PASS  broadcast\n" in done.stdout and "1 passed, 0 failed on 1 rank" in done.stdout
+
+
+def test_check_cases_on_an_unknown_array_type():
+    with pytest.raises(ValueError, match="expected kind in"):
+        check_cases.use_arrays("jax")
+    assert check_cases.put(np.ones(2)).__class__ is np.ndarray  # numpy: the array itself
 
 
 @spawns

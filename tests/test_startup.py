@@ -97,6 +97,37 @@ def test_launchers_names_the_one_on_path_and_its_mpi(tmp_path, monkeypatch):
         "on PATH": ("", ""), "next to python": (str(fake), "Open MPI")}
 
 
+def _launcher_file(path: Path, version: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho '{version}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_pick_launcher_takes_the_one_of_the_loaded_mpi(tmp_path):
+    """As on the GPU machines: MPICH's mpiexec beside python, mpi4py on the system's Open MPI,
+    whose launcher is on PATH (as mpirun only, say)."""
+    mpich = _launcher_file(tmp_path / "venv" / "bin" / "mpiexec", "HYDRA build details:")
+    python = str(tmp_path / "venv" / "bin" / "python")
+    system = _launcher_file(tmp_path / "usr" / "bin" / "mpirun", "mpirun (Open MPI) 4.1.6")
+    env = {"PATH": os.pathsep.join([str(tmp_path / "venv" / "bin"), str(tmp_path / "usr" / "bin")])}
+    assert _launcher.pick_launcher("Open MPI", python, env) == system
+    assert _launcher.pick_launcher("MPICH", python, env) == mpich
+    assert _launcher.pick_launcher("Open MPI", python, {"PATH": ""}) == ""  # none of its MPI
+    assert _launcher.pick_launcher("MPICH", python, {**env, "MPIEXEC": "/x/mpiexec"}) == "/x/mpiexec"
+    unknown = _launcher_file(tmp_path / "odd" / "mpiexec", "some launcher 1.0")
+    assert _launcher.pick_launcher("Open MPI", python, {"PATH": str(unknown.rsplit("/", 1)[0])}) == unknown
+
+
+def test_launch_settings_and_library_of():
+    assert _launcher.launch_settings("MPICH") == ([], {})
+    assert _launcher.launch_settings("Open MPI", root=False) == (["--oversubscribe"], {})
+    flags, env = _launcher.launch_settings("Open MPI", root=True)
+    assert flags == ["--oversubscribe"] and env == _launcher.OPEN_MPI_ROOT_ENV
+    assert _launcher.library_of() == _launcher.family(str(_runtime.mpi().get_vendor()[0]))
+    assert _launcher.library_of(sys.executable + "-missing") == ""
+
+
 class _FakeWorld:
     def Get_size(self) -> int:
         return 1

@@ -2,8 +2,9 @@
 job launcher `fcoll.cli.check_job`, running the cases of `fcoll.cli.check_cases`).
 
     python -m fcoll info [--json]          versions, MPI library, thread level, knobs, GPU
-    python -m fcoll check [-n 2] [--timeout 120]
+    python -m fcoll check [-n 2] [--timeout 120] [--array numpy|cupy|all]
                                            run every collective in a small job and verify it
+                                           (on numpy arrays, cupy arrays, or both)
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
+    from fcoll.cli.check_job import ARRAY_CHOICES
+
     parser = argparse.ArgumentParser(prog="python -m fcoll", description="fcoll's command line")
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="show versions, the MPI library and settings")
@@ -24,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=120.0,
                        help="seconds before the whole job counts as hung (default 120)")
     check.add_argument("--only", action="append", metavar="NAME", help="run only this check")
+    check.add_argument("--array", choices=ARRAY_CHOICES, default="numpy",
+                       help="run the checks on numpy arrays (default), cupy arrays (fails "
+                            "without a GPU), or all: numpy, then cupy where a GPU is usable")
     check.add_argument("--inject-failure", metavar="NAME", help=argparse.SUPPRESS)
     return parser
 
@@ -66,5 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = [arg for name in args.only or [] for arg in ("--only", name)]
     if args.inject_failure:
         extra += ["--inject-failure", args.inject_failure]
+    if args.array != "numpy":
+        extra += ["--array", args.array]
     return launch(args.n, args.timeout, extra)
 

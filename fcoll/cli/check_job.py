@@ -1,25 +1,33 @@
 """``python -m fcoll check``: launch a small job that runs every collective and verifies it.
 
-The launcher (`launch`) starts ``mpiexec -n N python -m fcoll.cli.check_job`` with a deadline;
-the job (`main`, on every rank) runs the checks of `fcoll.cli.check_cases`, collects each rank's
-outcome on rank 0 over raw ``MPI.COMM_WORLD`` (so a broken fcoll group cannot hide a
-result), and rank 0 prints one line per check and a summary.
+The launcher (`launch`) starts ``mpiexec -n N python -m fcoll.cli.check_job`` with a deadline,
+using the launcher of the MPI that this Python's mpi4py loads (`mpiexec`); the job (`main`,
+on every rank) runs the checks of `fcoll.cli.check_cases` on numpy arrays, cupy arrays
+(``--array cupy``) or both (``--array all``), collects each rank's outcome on rank 0 over
+raw ``MPI.COMM_WORLD`` (so a broken fcoll group cannot hide a result), and rank 0 prints
+one line per check and a summary. Checks on cupy arrays are named ``NAME [cupy]``.
+
+Example:
+    >>> launch(2, 120.0, ["--array", "all"])     # python -m fcoll check -n 2 --array all
+    0
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # One rank's outcome of one check: None when it passed, else what went wrong.
 Outcome = str | None
+# --array: what the checks run on. "all" is numpy, then cupy where a GPU is usable.
+ARRAY_CHOICES = ("numpy", "cupy", "all")
 
 _CHILD_ENV_DROP = ("PMI_", "HYDRA_", "MPI_LOCAL", "OMPI_COMM_WORLD", "PMIX_")
 
@@ -63,22 +71,51 @@ def report(results: list[Verdict], size: int) -> tuple[str, int]:
     return "\n".join(lines), 1 if failed else 0
 
 
-def _run_checks(only: list[str] | None, inject: str | None) -> tuple[list[str], list[Outcome]]:
+def _why(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
+
+
+def _run_checks(only: list[str] | None, inject: str | None,
+                kind: str = "numpy") -> tuple[list[str], list[Outcome]]:
+    """Run the checks on ``kind`` arrays: names (``NAME [cupy]`` on cupy) and outcomes."""
     import fcoll as fc
-    from fcoll.cli.check_cases import CHECKS
+    from fcoll.cli import check_cases
 
     rank, size = fc.get_rank(), fc.get_world_size()
-    names = [n for n in CHECKS if only is None or n in only]
+    names = [n for n in check_cases.CHECKS if (only is None or n in only)
+             and (kind == "numpy" or n not in check_cases.HOST_ONLY)]
+    try:
+        check_cases.use_arrays(kind)
+        ready: str | None = None
+    except Exception as error:  # every check of this kind fails with it
+        ready = f"{kind} arrays: {_why(error)}"
     outcomes: list[Outcome] = []
     for name in names:
+        if ready is not None:
+            outcomes.append(ready)
+            continue
         try:
-            CHECKS[name](rank, size)
+            check_cases.CHECKS[name](rank, size)
             if name == inject and rank == size - 1:
                 raise AssertionError("deliberate failure (--inject-failure)")
             outcomes.append(None)
         except Exception as error:  # a check's failure is reported, never raised
-            outcomes.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
-    return names, outcomes
+            outcomes.append(_why(error))
+    check_cases.use_arrays("numpy")
+    return [n if kind == "numpy" else f"{n} [{kind}]" for n in names], outcomes
+
+
+def _kinds(array: str, comm: Any) -> tuple[list[str], dict[int, str]]:
+    """The array kinds to run for ``--array``, and why cupy is left out: ``{rank: reason}``
+    for the ranks that cannot make cupy arrays (cupy runs only if every rank can)."""
+    from fcoll.cli.check_cases import cupy_unavailable
+
+    if array == "numpy":
+        return ["numpy"], {}
+    reasons = comm.allgather(cupy_unavailable())
+    missing = {r: f"no GPU here: {reason}" for r, reason in enumerate(reasons) if reason}
+    wanted = ["numpy", "cupy"] if array == "all" else ["cupy"]
+    return ([k for k in wanted if k != "cupy"] if missing else wanted), missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,47 +124,68 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--only", action="append")
     parser.add_argument("--inject-failure")
+    parser.add_argument("--array", choices=ARRAY_CHOICES, default="numpy")
     args = parser.parse_args(argv)
     import fcoll as fc
     from fcoll._runtime import mpi
 
     fc.init(timeout=args.timeout)
-    names, outcomes = _run_checks(args.only, args.inject_failure)
     comm = mpi().COMM_WORLD
+    kinds, missing = _kinds(args.array, comm)
+    names: list[str] = []
+    outcomes: list[Outcome] = []
+    for kind in kinds:
+        more_names, more = _run_checks(args.only, args.inject_failure, kind)
+        names += more_names
+        outcomes += more
     per_rank = comm.gather(outcomes, root=0)
     code = 0
     if comm.Get_rank() == 0:
-        text, code = report(verdicts(names, per_rank), comm.Get_size())
+        results = verdicts(names, per_rank)
+        if missing and args.array == "cupy":  # asked for explicitly: a failure
+            results.append(Verdict("cupy arrays", missing))
+        elif missing:  # with --array all: a note
+            rank, why = next(iter(missing.items()))
+            print(f"SKIP  cupy arrays: [rank {rank}] {why}", flush=True)
+        text, code = report(results, comm.Get_size())
         print(text, flush=True)
     return int(comm.bcast(code, root=0))
 
 
-def mpiexec() -> str:
-    """``$MPIEXEC``, else the ``mpiexec`` next to this Python, else the one on ``PATH``."""
+def mpiexec(library: str | None = None) -> str:
+    """The launcher of MPI ``library`` (default: the one this Python's mpi4py loads):
+    ``$MPIEXEC`` if set, else `fcoll._launcher.pick_launcher` (next to this Python, then on
+    ``PATH``)."""
+    from fcoll import _launcher
+
     if os.environ.get("MPIEXEC"):
         return os.environ["MPIEXEC"]
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise FileNotFoundError("check: expected mpiexec next to sys.executable, on PATH or "
-                                "in $MPIEXEC, got none")
+    found = _launcher.pick_launcher(_launcher.library_of() if library is None else library)
+    if not found:
+        raise FileNotFoundError("check: expected an mpiexec or mpirun of the MPI that mpi4py "
+                                "loads next to sys.executable, on PATH or in $MPIEXEC, got none")
     return found
 
 
 def launch(n: int, timeout: float, extra: list[str]) -> int:
     """Run the job on ``n`` ranks; its output goes to ours. Returns its exit code."""
+    from fcoll import _launcher
+
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"check: expected -n to be a positive number of ranks, got {n!r}")
-    package = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding this fcoll
     env = {k: v for k, v in os.environ.items() if not k.startswith(_CHILD_ENV_DROP)}
-    env["PYTHONPATH"] = os.pathsep.join([package, *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("MPIEXEC_TIMEOUT", str(int(timeout) + 5))
+    library = _launcher.library_of()
+    flags, settings = _launcher.launch_settings(library)
+    env = {**settings, **env}
     per_call = max(1.0, min(30.0, timeout / 2))
-    command = [mpiexec(), "-n", str(n), sys.executable, "-m", "fcoll.cli.check_job",
+    command = [mpiexec(library), *flags, "-n", str(n), sys.executable, "-m", "fcoll.cli.check_job",
                "--timeout", str(per_call), *extra]
-    print(f"fcoll check: {n} rank{'s' if n != 1 else ''}, {timeout:g} s limit", flush=True)
+    arrays = extra[extra.index("--array") + 1] if "--array" in extra else "numpy"
+    print(f"fcoll check: {n} rank{'s' if n != 1 else ''}, {timeout:g} s limit, {arrays} arrays",
+          flush=True)
     start = time.monotonic()
     job = subprocess.Popen(command, env=env, start_new_session=True)
     try:

@@ -67,7 +67,8 @@ def _mpi_section() -> dict[str, str]:
 
 def _launcher_section(MPI: Any) -> dict[str, str]:
     """Which MPI mpi4py loaded, which mpiexec is on PATH (and next to python), and whether
-    they agree; the job size the launcher announced and whether MPI joined it."""
+    they agree; the launcher to use (`fcoll._launcher.pick_launcher`) with its flags and
+    variables; the job size the launcher announced and whether MPI joined it."""
     from fcoll import _launcher
 
     library = _launcher.family(str(MPI.get_vendor()[0]))
@@ -78,6 +79,11 @@ def _launcher_section(MPI: Any) -> dict[str, str]:
         if agree is False:
             text += f"  MISMATCH: mpi4py loaded {library}; use the {library} mpiexec"
         facts[f"mpiexec {where}"] = text
+    chosen = _launcher.pick_launcher(library)
+    flags, env = _launcher.launch_settings(library)
+    facts["launch with"] = " ".join([chosen, *flags]) if chosen else f"none found for {library}"
+    if env:
+        facts["launch env"] = " ".join(f"{name}={value}" for name, value in env.items())
     announced = _launcher.launcher_world(os.environ)
     size = MPI.COMM_WORLD.Get_size()
     if announced is None:
