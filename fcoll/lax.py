@@ -4,6 +4,8 @@ Inside ``with fc.Mesh(shape, names):`` every function takes ``axis_name`` (one a
 or a tuple of names) like ``jax.lax`` under ``shard_map``, maps over a pytree, and sends
 the leaves in fused messages (one per dtype for reductions, one in all for movement).
 Shapes follow JAX: `all_gather` stacks along a new axis unless ``tiled=True``.
+A tree of cupy arrays is reshaped and packed with cupy and stays on its device (over
+NCCL where that is the transport); numpy and cupy leaves in one tree raise `TypeError`.
 
 Example:
     >>> with fc.Mesh((2, 2), ("dp", "tp")):
@@ -14,18 +16,19 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import optree
 
+from fcoll._tree import Array, array_module, pack, unpack
 from fcoll.collectives import (
     all_gather_into_tensor_coalesced,
     all_reduce_coalesced,
     all_to_all_single,
     reduce_scatter_tensor_coalesced,
 )
-from fcoll.collectives._common import pack, unpack
 from fcoll.group import Group
 from fcoll.mesh import axis_group
 from fcoll.p2p import permute_tensor
@@ -37,10 +40,19 @@ def _group(axis_name: AxisName, fn: str) -> Group:
     return axis_group(axis_name, fn)
 
 
-def _reduce(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
+def _leaves(x: Any, fn: str) -> tuple[list[Array], Any, ModuleType]:
+    """The leaves of ``x``, its structure, and their array module (numpy or cupy);
+    `TypeError` naming the leaf if numpy and cupy leaves mix. Other leaves of a numpy tree
+    (scalars) become numpy arrays."""
     leaves, spec = optree.tree_flatten(x)
-    return optree.tree_unflatten(spec, all_reduce_coalesced(
-        [np.asarray(leaf) for leaf in leaves], op, _group(axis_name, fn)))
+    xp = array_module(leaves, fn, x)
+    return ([np.asarray(leaf) for leaf in leaves] if xp is np else leaves), spec, xp
+
+
+def _reduce(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
+    leaves, spec, _ = _leaves(x, fn)
+    g = _group(axis_name, fn)
+    return optree.tree_unflatten(spec, all_reduce_coalesced(leaves, op, g))
 
 
 def psum(x: Any, axis_name: AxisName) -> Any:
@@ -127,19 +139,18 @@ def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = Fals
         ...     fc.lax.all_gather(np.array([r, r]), "dp", tiled=True)
         array([1, 1, 3, 3])                         # on ranks 1 and 3
     """
+    leaves, spec, xp = _leaves(x, "all_gather")
     g = _group(axis_name, "all_gather")
-    leaves, spec = optree.tree_flatten(x)
-    leaves = [np.asarray(leaf) for leaf in leaves]
     gathered = all_gather_into_tensor_coalesced(leaves, g)
     out = []
     for leaf, got in zip(leaves, gathered, strict=True):
         stacked = got.reshape(g.size, *leaf.shape)
         if tiled:
             dim = _axis(axis, leaf.ndim, "all_gather", "axis")
-            out.append(np.concatenate(list(stacked), axis=dim))
+            out.append(xp.concatenate([stacked[i] for i in range(g.size)], axis=dim))
         else:
-            out.append(np.moveaxis(stacked, 0, _axis(axis, leaf.ndim + 1, "all_gather", "axis")))
-    return optree.tree_unflatten(spec, [np.ascontiguousarray(o) for o in out])
+            out.append(xp.moveaxis(stacked, 0, _axis(axis, leaf.ndim + 1, "all_gather", "axis")))
+    return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
 
 
 def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
@@ -155,39 +166,33 @@ def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
         array([1])                                  # on rank 0 (0 + 1); rank 1 gets [10]
     """
     fn = "psum_scatter"
+    leaves, spec, xp = _leaves(x, fn)
     g = _group(axis_name, fn)
-    leaves, spec = optree.tree_flatten(x)
-    leaves = [np.asarray(leaf) for leaf in leaves]
     dims = [_axis(scatter_dimension, leaf.ndim, fn, "scatter_dimension") for leaf in leaves]
     for leaf, d in zip(leaves, dims, strict=True):
         if (leaf.shape[d] != g.size) if not tiled else (leaf.shape[d] % g.size):
             raise ValueError(f"{fn}: expected x.shape[{d}] "
                              f"{'== ' if not tiled else 'divisible by '}the axis size {g.size}, "
                              f"got shape {leaf.shape}")
-    moved = [np.ascontiguousarray(np.moveaxis(leaf, d, 0)) for leaf, d in zip(leaves, dims,
+    moved = [xp.ascontiguousarray(xp.moveaxis(leaf, d, 0)) for leaf, d in zip(leaves, dims,
                                                                                strict=True)]
     reduced = reduce_scatter_tensor_coalesced(moved, "sum", g)
-    out = [np.moveaxis(r, 0, d) if tiled else r[0] for r, d in zip(reduced, dims, strict=True)]
-    return optree.tree_unflatten(spec, [np.ascontiguousarray(o) for o in out])
+    out = [xp.moveaxis(r, 0, d) if tiled else r[0] for r, d in zip(reduced, dims, strict=True)]
+    return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
 
 
-def _exchange(leaves: list[np.ndarray], g: Group, split: list[int]) -> list[list[np.ndarray]]:
+def _exchange(leaves: list[Array], g: Group, split: list[int],
+              xp: ModuleType) -> list[list[Array]]:
     """Tiled all-to-all of every leaf in one message: block i of ``split`` goes to rank i;
-    returns, per leaf, the blocks received from each rank."""
+    returns, per leaf, the blocks received from each rank. Row i of the message holds the
+    leaves' blocks i, each at `pack`'s aligned offset (so cupy views of it are aligned)."""
     n = g.size
-    blocks = [np.split(leaf, n, axis=s) for leaf, s in zip(leaves, split, strict=True)]
-    rows = np.stack([np.concatenate([np.ascontiguousarray(b[i]).reshape(-1).view(np.uint8)
-                                     for b in blocks]) if blocks else np.empty(0, np.uint8)
-                     for i in range(n)])
+    blocks = [xp.split(leaf, n, axis=s) for leaf, s in zip(leaves, split, strict=True)]
+    rows = xp.concatenate([pack([b[i] for b in blocks], xp) for i in range(n)]).reshape(n, -1)
     received = all_to_all_single(rows, group=g)
-    out: list[list[np.ndarray]] = []
-    offset = 0
-    for b in blocks:
-        size, shape, dtype = b[0].nbytes, b[0].shape, b[0].dtype
-        out.append([received[p, offset : offset + size].view(dtype).reshape(shape)
-                    for p in range(n)])
-        offset += size
-    return out
+    like = [b[0] for b in blocks]
+    by_rank = [unpack(received[p], like) for p in range(n)]
+    return [[by_rank[p][j] for p in range(n)] for j in range(len(blocks))]
 
 
 def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *,
@@ -203,21 +208,20 @@ def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *
         array([ 1, 11])                             # on rank 1 (element 1 of ranks 0 and 1)
     """
     fn = "all_to_all"
+    leaves, spec, xp = _leaves(x, fn)
     g = _group(axis_name, fn)
-    leaves, spec = optree.tree_flatten(x)
-    leaves = [np.asarray(leaf) for leaf in leaves]
     plans = [_all_to_all_plan(leaf, g.size, split_axis, concat_axis, tiled) for leaf in leaves]
-    prepared = [leaf if pre is None else np.expand_dims(leaf, pre)
+    prepared = [leaf if pre is None else xp.expand_dims(leaf, pre)
                 for leaf, (pre, _, _, _) in zip(leaves, plans, strict=True)]
-    received = _exchange(prepared, g, [split for _, split, _, _ in plans])
+    received = _exchange(prepared, g, [split for _, split, _, _ in plans], xp)
     out = []
     for parts, (_, split, concat, squeeze) in zip(received, plans, strict=True):
-        joined = np.concatenate(parts, axis=concat)
-        out.append(np.squeeze(joined, axis=split) if squeeze else joined)
-    return optree.tree_unflatten(spec, [np.ascontiguousarray(o) for o in out])
+        joined = xp.concatenate(parts, axis=concat)
+        out.append(joined.squeeze(axis=split) if squeeze else joined)
+    return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
 
 
-def _all_to_all_plan(leaf: np.ndarray, n: int, split_axis: int, concat_axis: int,
+def _all_to_all_plan(leaf: Array, n: int, split_axis: int, concat_axis: int,
                      tiled: bool) -> tuple[int | None, int, int, bool]:
     """``(axis to insert first or None, split axis, concat axis, squeeze split axis)``."""
     fn = "all_to_all"
@@ -249,6 +253,7 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
         array([1])                                  # on rank 3 (from rank 1)
     """
     fn = "ppermute"
+    leaves, spec, xp = _leaves(x, fn)
     g = _group(axis_name, fn)
     src_dst: list[int | None] = [None] * g.size
     for pair in perm:
@@ -258,9 +263,8 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
         if src_dst[src] is not None:
             raise ValueError(f"{fn}: expected each source once in perm, got {perm!r}")
         src_dst[src] = dst
-    leaves, spec = optree.tree_flatten(x)
-    leaves = [np.asarray(leaf) for leaf in leaves]
-    return optree.tree_unflatten(spec, unpack(permute_tensor(pack(leaves), src_dst, g), leaves))
+    return optree.tree_unflatten(spec, unpack(permute_tensor(pack(leaves, xp), src_dst, g),
+                                              leaves))
 
 
 def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:
