@@ -45,18 +45,3 @@ def dim_back(y: np.ndarray, dim: int) -> np.ndarray:
     """Undo `dim_first`, as a C-contiguous array."""
     return y if dim == 0 else np.ascontiguousarray(np.moveaxis(y, 0, dim))
 
-
-def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """The bytes of ``arrays`` (each in C order), one after another, in a new uint8 array."""
-    if not arrays:
-        return np.empty(0, np.uint8)
-    return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
-
-
-def unpack(buf: np.ndarray, like: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Arrays shaped and typed like ``like``, viewing consecutive bytes of ``buf``."""
-    out, offset = [], 0
-    for a in like:
-        out.append(from_bytes(buf[offset : offset + a.nbytes], a.dtype, a.shape))
-        offset += a.nbytes
-    return out

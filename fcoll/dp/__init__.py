@@ -1,4 +1,4 @@
-"""fcoll.dp: data-parallel training helpers on pytrees of numpy arrays.
+"""fcoll.dp: data-parallel training helpers on pytrees of numpy or cupy arrays.
 
 Gradient averaging (bucketed, overlapped with backprop, optionally compressed),
 parameter broadcast and consistency checks, and model averaging (local SGD).

@@ -5,12 +5,17 @@ leaf order (the order backprop produces gradients, as DDP does). Each bucket tra
 one nonblocking all-reduce, through a *hook* that returns the bucket's average: plain
 `allreduce_hook`, or `fp16_compress_hook` / `bf16_compress_hook`, which divide by the
 group size, cast to half precision for the wire and cast back.
+
+Gradients may be numpy or cupy arrays (one kind per step): cupy buckets are packed and
+unpacked with cupy and all-reduced on their device (over NCCL where that is the
+transport), so they never pass through host memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any, cast
 
 import ml_dtypes
@@ -19,15 +24,16 @@ import optree
 
 from fcoll import _debug
 from fcoll._plan import reduction_plan
+from fcoll._tree import Array, array_module, kind, path_name
 from fcoll.collectives import all_reduce, nonblocking
 from fcoll.dp.join import Joiner
 from fcoll.group import Group, GroupArg, member, resolve_group
 from fcoll.work import Operation, Work
 
-Hook = Callable[[np.ndarray, GroupArg], "Work | np.ndarray"]
+Hook = Callable[[Array, GroupArg], "Work | Array"]
 
 
-def allreduce_hook(bucket: np.ndarray, group: GroupArg) -> Work:
+def allreduce_hook(bucket: Array, group: GroupArg) -> Work:
     """The bucket's mean over the group's ranks (one nonblocking all-reduce).
 
     The default hook of `GradientAverager`; a custom hook has the same signature.
@@ -40,23 +46,26 @@ def allreduce_hook(bucket: np.ndarray, group: GroupArg) -> Work:
     return all_reduce(bucket, "avg", group, async_op=True)
 
 
-def _reduce_owned(bucket: np.ndarray, group: GroupArg, op: str) -> Work:
+def _reduce_owned(bucket: Array, group: GroupArg, op: str) -> Work:
     """A nonblocking all-reduce of a bucket the averager made itself, without the snapshot
     copy that protects a caller's array (one pass over the bytes less: 64 MiB of gradients
-    at n=2 went from 1.30x to 1.00x one raw Allreduce)."""
+    at n=2 went from 1.30x to 1.00x one raw Allreduce). A cupy bucket takes the public
+    device path (NCCL reads it in stream order: there is no snapshot to skip)."""
+    if type(bucket) is not np.ndarray:
+        return all_reduce(bucket, op, group, async_op=True)
     g, call = member(group, "all_reduce")
     with _debug.checked(g, call, "all_reduce", x=bucket, op=op):
         plan = reduction_plan(bucket, op, g, "all_reduce")
     return nonblocking.all_reduce(call, g, plan, bucket, owned=True)
 
 
-def _average_owned(bucket: np.ndarray, group: GroupArg) -> Work:
+def _average_owned(bucket: Array, group: GroupArg) -> Work:
     """`allreduce_hook` for a bucket the averager made itself (`_reduce_owned`, avg)."""
     return _reduce_owned(bucket, group, "avg")
 
 
 def _compress_hook(wire: Any, name: str) -> Hook:
-    def hook(bucket: np.ndarray, group: GroupArg) -> Work:
+    def hook(bucket: Array, group: GroupArg) -> Work:
         n = resolve_group(group, "average_gradients").size
         small = (bucket / n).astype(wire)  # divide first: the sum cannot overflow
         return all_reduce(small, "sum", group, async_op=True).then(
@@ -80,22 +89,24 @@ _COMPRESSION: dict[str | None, Hook] = {None: allreduce_hook, "fp16": fp16_compr
 
 
 class _Bucket:
-    """Leaves (by key) of one dtype, packed into one flat array."""
+    """Leaves (by key) of one dtype and one array module, packed into one flat array."""
 
-    def __init__(self) -> None:
+    def __init__(self, xp: ModuleType) -> None:
+        self.xp = xp
         self.keys: list[Any] = []
-        self.arrays: list[np.ndarray] = []
+        self.arrays: list[Array] = []
         self.nbytes = 0
 
-    def add(self, key: Any, array: np.ndarray) -> None:
+    def add(self, key: Any, array: Array) -> None:
         self.keys.append(key)
         self.arrays.append(array)
         self.nbytes += array.nbytes
 
-    def flat(self) -> np.ndarray:
-        return np.concatenate(self.arrays, axis=None)  # flattens each, in C order
+    def flat(self) -> Array:
+        """A new flat array of the leaves, each in C order (numpy or cupy, as they are)."""
+        return self.xp.concatenate([a.reshape(-1) for a in self.arrays])
 
-    def unpack(self, averaged: np.ndarray) -> dict[Any, np.ndarray]:
+    def unpack(self, averaged: Array) -> dict[Any, Array]:
         out, offset = {}, 0
         for key, array in zip(self.keys, self.arrays, strict=True):
             out[key] = averaged[offset : offset + array.size].reshape(array.shape)
@@ -172,7 +183,8 @@ class GradientAverager:
         self.cap = _checked_cap(bucket_cap_mb)
         self.hook: Hook = hook if hook is not None else _COMPRESSION[compression]
         self._syncing = True
-        self._accumulated: dict[Any, np.ndarray] = {}
+        self._xp: ModuleType = np  # the array module of the gradients held (open, accumulated)
+        self._accumulated: dict[Any, Array] = {}
         self._open: dict[np.dtype[Any], _Bucket] = {}
         self._launched: list[tuple[_Bucket, Any]] = []
         self._joiner: Joiner | None = None
@@ -207,7 +219,7 @@ class GradientAverager:
             yield
             while (count := self._joiner.agree(False)) > 0:  # answer the others' steps
                 self._contributors = count
-                self._average(self._joiner.zeros()).wait()
+                self._average(self._joiner.zeros(), self._joiner.module()).wait()
         finally:
             self._joiner, self._contributors = None, 0
 
@@ -246,6 +258,9 @@ class GradientAverager:
             {'b': array([0.5])}
         """
         paths, leaves, spec = optree.tree_flatten_with_path(grads)
+        xp = array_module(leaves, "GradientAverager", grads, arrays_only=True)
+        if leaves:
+            self._same_kind(xp, "GradientAverager", f"leaf {path_name(paths[0])}", leaves[0])
         if not self._syncing:
             for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
                 self.push(path, leaf)
@@ -253,16 +268,26 @@ class GradientAverager:
                 spec, [by_path[p] for p in paths]))
         if self._joiner is not None:
             self._contributors = self._joiner.agree(True, leaves)
-        return self._average(leaves, paths, spec)
+        return self._average(leaves, xp, paths, spec)
 
-    def _average(self, leaves: list[np.ndarray], paths: list[Any] | None = None,
+    def _same_kind(self, xp: ModuleType, fn: str, name: str, got: object) -> None:
+        """Note that the gradients now arriving use ``xp``; `TypeError` if gradients of the
+        other kind (numpy or cupy) are still held: open buckets, no_sync sums."""
+        if xp is not self._xp:
+            if self._open or self._launched or self._accumulated:
+                raise TypeError(f"{fn}: expected {name} to be a {self._xp.__name__}.ndarray like "
+                                f"the gradients before it, got {kind(got)}; numpy and cupy "
+                                "arrays cannot be mixed in one averaging step")
+            self._xp = xp
+
+    def _average(self, leaves: list[Array], xp: ModuleType, paths: list[Any] | None = None,
                  spec: Any = None) -> Work:
         """Launch the buckets of one synced step; ``wait()`` gives the averaged tree."""
         paths = list(range(len(leaves))) if paths is None else paths
         spec = optree.tree_structure(cast(Any, list(leaves))) if spec is None else spec
         acc = self._accumulated
         for indices in self._layout(spec, leaves):
-            bucket = _Bucket()
+            bucket = _Bucket(xp)
             if acc:  # gradients summed under no_sync join this step's
                 for i in indices:
                     leaf = leaves[i]
@@ -274,13 +299,12 @@ class GradientAverager:
         return self._finish().then(lambda by_path: optree.tree_unflatten(
             spec, [by_path[p] for p in paths]))
 
-    def _layout(self, spec: Any, leaves: list[np.ndarray]) -> list[list[int]]:
+    def _layout(self, spec: Any, leaves: list[Array]) -> list[list[int]]:
         """Leaf indices per bucket: per dtype, in reverse leaf order, up to the cap.
 
         Cached per (tree structure, shapes, dtypes, cap) across averagers, so
         `average_gradients`, which makes a new averager per call, plans once."""
-        signature = (spec, self.cap, tuple((leaf.shape, leaf.dtype) if type(leaf) is np.ndarray
-                                           else (None, type(leaf)) for leaf in leaves))
+        signature = (spec, self.cap, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
         cached = _LAYOUTS.get(signature)
         if cached is not None:
             return cached
@@ -288,9 +312,6 @@ class GradientAverager:
         open_: dict[np.dtype[Any], tuple[list[int], list[int]]] = {}  # dtype -> (indices, [bytes])
         for i in reversed(range(len(leaves))):
             leaf = leaves[i]
-            if not isinstance(leaf, np.ndarray):
-                raise TypeError(f"GradientAverager: expected numpy.ndarray leaves, got "
-                                f"{type(leaf).__name__}")
             entry = open_.get(leaf.dtype)
             if entry is None:
                 entry = open_[leaf.dtype] = ([], [0])
@@ -304,8 +325,9 @@ class GradientAverager:
         _LAYOUTS[signature] = layout
         return layout
 
-    def push(self, key: Any, grad: np.ndarray) -> None:
-        """Add one gradient; starts its bucket's all-reduce once the bucket is full.
+    def push(self, key: Any, grad: Array) -> None:
+        """Add one gradient (a numpy or cupy array, one kind per step); starts its bucket's
+        all-reduce once the bucket is full.
 
         Example:
             >>> avg = fc.dp.GradientAverager(bucket_cap_mb=1)
@@ -313,8 +335,11 @@ class GradientAverager:
             ...     avg.push(name, grad)              # full buckets start all-reducing now
             >>> avg.wait()                            # {name: mean over ranks}
         """
-        if not isinstance(grad, np.ndarray):
-            raise TypeError(f"push: expected grad to be a numpy.ndarray, got {type(grad).__name__}")
+        xp = array_module((grad,), "push")
+        if xp is np and not isinstance(grad, np.ndarray):
+            raise TypeError(f"push: expected grad {key!r} to be a numpy.ndarray or a "
+                            f"cupy.ndarray, got {kind(grad)}")
+        self._same_kind(xp, "push", f"grad {key!r}", grad)
         if self._joiner is not None and self._syncing:
             raise RuntimeError("push: expected no join block (inside one, average whole trees "
                                "with avg(grads) or avg.start(grads))")
@@ -324,12 +349,14 @@ class GradientAverager:
             return
         if key in self._accumulated:
             grad = grad + self._accumulated.pop(key)
-        bucket = self._open.setdefault(grad.dtype, _Bucket())
+        bucket = self._open.get(grad.dtype)
+        if bucket is None:
+            bucket = self._open[grad.dtype] = _Bucket(xp)
         bucket.add(key, grad)
         if bucket.nbytes >= self.cap:
             self._launch(self._open.pop(grad.dtype))
 
-    def wait(self) -> dict[Any, np.ndarray]:
+    def wait(self) -> dict[Any, Array]:
         """Start the partly filled buckets, wait for all, return ``{key: averaged}``.
 
         Example:
@@ -338,7 +365,7 @@ class GradientAverager:
             >>> avg.wait()                                       # on both ranks
             {'w': array([0.5])}
         """
-        result: dict[Any, np.ndarray] = self._finish().wait()
+        result: dict[Any, Array] = self._finish().wait()
         return result
 
     def _launch(self, bucket: _Bucket) -> None:

@@ -1,4 +1,8 @@
-"""Parameters across data-parallel ranks: broadcast, consistency check, model averaging."""
+"""Parameters across data-parallel ranks: broadcast, consistency check, model averaging.
+
+Leaves may be numpy or cupy arrays, one kind per tree: cupy trees are packed with cupy and
+stay on their device.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,11 @@ from typing import Any
 import numpy as np
 import optree
 
+from fcoll._dispatch import is_cupy
+from fcoll._tree import array_module, pack, path_name, unpack
 from fcoll.collectives import all_reduce_coalesced, broadcast
-from fcoll.collectives._common import pack, unpack
 from fcoll.group import GroupArg
 from fcoll.objects import all_gather_object
-
-
-def _path(path: tuple[Any, ...]) -> str:
-    return "".join(f"[{p!r}]" for p in path) or "<root>"
 
 
 def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> Any:
@@ -31,19 +32,23 @@ def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> A
     leaves, spec = optree.tree_flatten(params)
     if not leaves:
         return params
-    return optree.tree_unflatten(spec, unpack(broadcast(pack(leaves), src, group), leaves))
+    xp = array_module(leaves, "broadcast_parameters", params)
+    if xp is np:
+        leaves = [np.asarray(leaf) for leaf in leaves]
+    return optree.tree_unflatten(spec, unpack(broadcast(pack(leaves, xp), src, group), leaves))
 
 
 def check_parameters(params: Any, group: GroupArg = None) -> None:
     """Raise `ValueError` on every rank if the ranks' trees differ in structure, leaf
-    shapes or dtypes; the message names the leaf paths and the ranks.
+    shapes or dtypes (or numpy against cupy); the message names the leaf paths and the ranks.
 
     Example:
         >>> fc.dp.check_parameters({"w": np.zeros(3 if r == 0 else 4)})
         ValueError: check_parameters: leaf ['w']: rank 0 has (3,) float64, rank 1 has (4,) float64
     """
     paths, leaves, _ = optree.tree_flatten_with_path(params)
-    mine = [(_path(p), tuple(np.shape(leaf)), str(np.asarray(leaf).dtype))
+    mine = [(path_name(p), tuple(leaf.shape), f"cupy {leaf.dtype}") if is_cupy(leaf)
+            else (path_name(p), tuple(np.shape(leaf)), str(np.asarray(leaf).dtype))
             for p, leaf in zip(paths, leaves, strict=True)]
     everyone = all_gather_object(mine, group)
     problems = []
@@ -70,6 +75,7 @@ def average_parameters(params: Any, group: GroupArg = None) -> Any:
         {'w': array([0.5, 0.5])}
     """
     leaves, spec = optree.tree_flatten(params)
+    array_module(leaves, "average_parameters", params)  # names a leaf if numpy and cupy mix
     return optree.tree_unflatten(spec, all_reduce_coalesced(leaves, "avg", group))
 
 
