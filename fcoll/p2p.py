@@ -141,24 +141,24 @@ def _peer(peer: object, g: Group, fn: str, name: str, self_ok: bool) -> int:
     return rank
 
 
-def send(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> None:
-    """Send ``x`` to group rank ``dst`` (blocking until ``x`` may be reused).
+def send(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> None:
+    """Send ``x`` to group rank ``dst`` (blocking until ``x`` may be reused). A cupy
+    array is sent from a host copy and arrives as a cupy array where cupy is imported.
 
     Example:
         >>> if r == 0: fc.send(np.arange(3), dst=1)
         >>> if r == 1: fc.recv(src=0)
         array([0, 1, 2])
     """
-    if type(x) is not np.ndarray and is_cupy(x):  # sent from a host copy; recv gives numpy
-        x = staged.to_host(x)
+    x, flags = _host(x)
     g, call = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
     check_array(x, "send")
     tag = _tag(tag, "send")
     if x.nbytes <= INLINE_LIMIT:
-        _send(call, _packed(x), peer, 2 * tag)
+        _send(call, _packed(x, flags), peer, 2 * tag)
         return
-    _send(call, _header(x, _SEPARATE), peer, 2 * tag)
+    _send(call, _header(x, _SEPARATE | flags), peer, 2 * tag)
     _send(call, c_order(x), peer, 2 * tag + 1)
 
 
@@ -166,6 +166,8 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
          return_source: bool = False) -> Any:
     """Receive an array (shape and dtype come with it) from group rank ``src``, or from
     any rank when ``src`` is ``None``; ``return_source=True`` gives ``(array, src)``.
+    A cupy array sent arrives as a cupy array on the current device if cupy is imported
+    here (else as numpy); a numpy array as numpy.
 
     Example:
         >>> y, who = fc.recv(return_source=True)     # on rank 0, rank 2 sent it
@@ -175,22 +177,25 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     g, call = member(group, "recv")
     source = MPI.ANY_SOURCE if src is None else _peer(src, g, "recv", "src", self_ok=False)
     tag = _tag(tag, "recv")
+    device = _receiving_device()
     status = MPI.Status()
     message = _probe_message(call, source, 2 * tag, status)
     buf = np.empty(status.Get_count(BYTE), np.uint8)
     message.Recv([buf, BYTE])
     kind, dtype, shape, offset = _parse(buf)
-    if kind == _INLINE:
+    if kind & ~_CUPY == _INLINE:
         out = _inline(buf, dtype, shape, offset)
     else:
         out = np.empty(shape, dtype)
         data = _probe_message(call, status.Get_source(), 2 * tag + 1, MPI.Status())
         data.Recv([out, BYTE])
+    out = _arrived(out, kind, device)
     return (out, status.Get_source()) if return_source else out
 
 
-def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
+def isend(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
     """Start sending ``x`` (copied at the call) to group rank ``dst``; returns a `Work`.
+    A cupy array arrives as a cupy array where cupy is imported (see `recv`).
 
     Example:
         >>> r = fc.get_rank()                               # mpiexec -n 2
@@ -198,12 +203,11 @@ def isend(x: np.ndarray, dst: int, group: GroupArg = None, tag: int = 0) -> Work
         >>> fc.recv(src=1 - r), w.wait()                    # on rank 0; rank 1 gets [0]
         (array([1]), None)
     """
-    if type(x) is not np.ndarray and is_cupy(x):  # copied to the host at the call
-        x = staged.to_host(x)
+    x, flags = _host(x)  # a cupy array: copied to the host at the call
     g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
     check_array(x, "isend")
-    packed = _packed(x)
+    packed = _packed(x, flags)
     request = call.comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
     return Work(RequestOperation("isend", g, request, lambda: None, (packed,)))
 
@@ -214,8 +218,10 @@ class _Receive(Operation):
     def __init__(self, g: Group, call: Call, source: int, tag: int) -> None:
         super().__init__("irecv", g)
         self._comm, self._wanted, self._tag = call.comm, source, tag
+        self._device = _receiving_device()
         self._request: Any = None
         self._buf: np.ndarray | None = None
+        self._kind, self._data = 0, np.empty(0)
 
     def _matched(self, message: Any, status: Any) -> None:
         self.source = status.Get_source()
@@ -226,13 +232,18 @@ class _Receive(Operation):
         """The header message arrived: done if inline, else start the data receive."""
         assert self._buf is not None
         kind, dtype, shape, offset = _parse(self._buf)
-        if kind == _INLINE:
-            self.value = _inline(self._buf, dtype, shape, offset)
+        if kind & ~_CUPY == _INLINE:
+            self.value = _arrived(_inline(self._buf, dtype, shape, offset), kind, self._device)
             return True
-        self.value = np.empty(shape, dtype)
+        self._kind, self._data = kind, np.empty(shape, dtype)
         self._buf = None
-        self._request = self._comm.Irecv([self.value, BYTE], self.source, 2 * self._tag + 1)
+        self._request = self._comm.Irecv([self._data, BYTE], self.source, 2 * self._tag + 1)
         return False
+
+    def _landed(self) -> bool:
+        """The data message arrived too."""
+        self.value = _arrived(self._data, self._kind, self._device)
+        return True
 
     def _advance(self) -> bool:
         if self._request is None:
@@ -243,20 +254,23 @@ class _Receive(Operation):
             self._matched(message, status)
         if not self._request.Test():
             return False
-        return self._buf is None or self._received()
+        return self._landed() if self._buf is None else self._received()
 
     def _block(self) -> None:
         if self._request is None:
             status = MPI.Status()
             self._matched(self._comm.Mprobe(self._wanted, 2 * self._tag, status), status)
         self._request.Wait()
-        if self._buf is not None and not self._received():
-            self._request.Wait()
+        if self._buf is not None and self._received():
+            return
+        self._request.Wait()  # the data (returns at once if it is in already)
+        self._landed()
 
 
 def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work:
     """Start receiving from group rank ``src`` (any rank if ``None``); ``wait()`` returns
-    the array and `Work.source_rank` the sender.
+    the array and `Work.source_rank` the sender. A cupy array sent arrives as a cupy array
+    on the device current at this call, if cupy is imported here (see `recv`).
 
     Example:
         >>> r = fc.get_rank()                               # mpiexec -n 2
