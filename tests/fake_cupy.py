@@ -383,7 +383,8 @@ cupy = _module(
     moveaxis=lambda a, source, destination: np.moveaxis(_need(a), source, destination),
     split=lambda a, indices_or_sections, axis=0: np.split(_need(a), indices_or_sections, axis),
     expand_dims=lambda a, axis: np.expand_dims(_need(a), axis),
-    multiply=np.multiply)  # a fake array's ufunc refuses numpy arrays
+    multiply=np.multiply, maximum=np.maximum, exp=np.exp,
+    log=np.log)  # a fake array's ufunc refuses numpy arrays
 _MODULES = {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.nccl": nccl}
 
 
