@@ -8,7 +8,8 @@ given to `install`, takes it out again. mpi4py is imported on first use.
 - Arrays: ``cupy.ndarray`` is a numpy subclass (``type(x) is np.ndarray`` is False; numpy
   results stay fake), with ``.device`` (current when it was made) and ``.data.ptr`` (host
   address of the first element). Like cupy's, its ufuncs and ``ascontiguousarray``,
-  ``concatenate``, ``moveaxis`` refuse numpy arrays (`TypeError`). Limitation: numpy never
+  ``concatenate``, ``moveaxis``, ``split``, ``expand_dims`` refuse numpy arrays
+  (`TypeError`). Limitation: numpy never
   calls ``__array__`` on its own subclasses, so ``np.asarray(x)`` and the buffer protocol
   (mpi4py) take fake arrays where cupy refuses implicit host conversion.
 - Devices: ``FAKE_CUPY_DEVICES`` of them (default: the MPI world size, i.e. one per rank
