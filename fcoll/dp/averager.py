@@ -26,9 +26,10 @@ from fcoll import _debug
 from fcoll._plan import reduction_plan
 from fcoll._tree import Array, array_module, kind, path_name
 from fcoll.collectives import all_reduce, nonblocking
+from fcoll.dp.buckets import Bucket, Buckets, Done
 from fcoll.dp.join import Joiner
-from fcoll.group import Group, GroupArg, member, resolve_group
-from fcoll.work import Operation, Work
+from fcoll.group import GroupArg, member, resolve_group
+from fcoll.work import Work
 
 Hook = Callable[[Array, GroupArg], "Work | Array"]
 
@@ -88,57 +89,6 @@ _COMPRESSION: dict[str | None, Hook] = {None: allreduce_hook, "fp16": fp16_compr
                                         "bf16": bf16_compress_hook}
 
 
-class _Bucket:
-    """Leaves (by key) of one dtype and one array module, packed into one flat array."""
-
-    def __init__(self, xp: ModuleType) -> None:
-        self.xp = xp
-        self.keys: list[Any] = []
-        self.arrays: list[Array] = []
-        self.nbytes = 0
-
-    def add(self, key: Any, array: Array) -> None:
-        self.keys.append(key)
-        self.arrays.append(array)
-        self.nbytes += array.nbytes
-
-    def flat(self) -> Array:
-        """A new flat array of the leaves, each in C order (numpy or cupy, as they are)."""
-        return self.xp.concatenate([a.reshape(-1) for a in self.arrays])
-
-    def unpack(self, averaged: Array) -> dict[Any, Array]:
-        out, offset = {}, 0
-        for key, array in zip(self.keys, self.arrays, strict=True):
-            out[key] = averaged[offset : offset + array.size].reshape(array.shape)
-            offset += array.size
-        return out
-
-
-class _Buckets(Operation):
-    """All buckets of one averaging step; its value is ``{key: averaged}``."""
-
-    def __init__(self, group: Group, launched: list[tuple[_Bucket, Any]]) -> None:
-        super().__init__("average_gradients", group)
-        self._launched = launched
-
-    def _advance(self) -> bool:
-        if all(not isinstance(r, Work) or r.is_completed() for _, r in self._launched):
-            self._block()
-            return True
-        return False
-
-    def _block(self) -> None:
-        self.value = {}
-        for bucket, result in self._launched:
-            self.value.update(bucket.unpack(result.wait() if isinstance(result, Work) else result))
-
-    def finish(self, timeout: float | None) -> Any:
-        for _, result in self._launched:
-            if isinstance(result, Work):
-                result.wait(timeout)
-        return super().finish(timeout)
-
-
 def _checked_cap(bucket_cap_mb: object) -> int:
     if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or (
             bucket_cap_mb < 0):
@@ -185,8 +135,8 @@ class GradientAverager:
         self._syncing = True
         self._xp: ModuleType = np  # the array module of the gradients held (open, accumulated)
         self._accumulated: dict[Any, Array] = {}
-        self._open: dict[np.dtype[Any], _Bucket] = {}
-        self._launched: list[tuple[_Bucket, Any]] = []
+        self._open: dict[np.dtype[Any], Bucket] = {}
+        self._launched: list[tuple[Bucket, Any]] = []
         self._joiner: Joiner | None = None
         self._contributors = 0  # inside join: ranks still contributing to this step
 
@@ -287,7 +237,7 @@ class GradientAverager:
         spec = optree.tree_structure(cast(Any, list(leaves))) if spec is None else spec
         acc = self._accumulated
         for indices in self._layout(spec, leaves):
-            bucket = _Bucket(xp)
+            bucket = Bucket(xp)
             if acc:  # gradients summed under no_sync join this step's
                 for i in indices:
                     leaf = leaves[i]
@@ -351,7 +301,7 @@ class GradientAverager:
             grad = grad + self._accumulated.pop(key)
         bucket = self._open.get(grad.dtype)
         if bucket is None:
-            bucket = self._open[grad.dtype] = _Bucket(xp)
+            bucket = self._open[grad.dtype] = Bucket(xp)
         bucket.add(key, grad)
         if bucket.nbytes >= self.cap:
             self._launch(self._open.pop(grad.dtype))
@@ -368,7 +318,7 @@ class GradientAverager:
         result: dict[Any, Array] = self._finish().wait()
         return result
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         if self._contributors:  # inside join: the sum over the ranks still contributing
             count = self._contributors
             work = _reduce_owned(bucket.flat(), self.group, "sum").then(
@@ -381,23 +331,11 @@ class GradientAverager:
     def _finish(self) -> Work:
         if not self._syncing:
             local = {k: v.copy() for k, v in self._accumulated.items()}
-            return Work(_Done(resolve_group(self.group, "average_gradients"), local))
+            return Work(Done(resolve_group(self.group, "average_gradients"), local))
         for dtype in list(self._open):
             self._launch(self._open.pop(dtype))
         launched, self._launched = self._launched, []
-        return Work(_Buckets(resolve_group(self.group, "average_gradients"), launched))
-
-
-class _Done(Operation):
-    """An operation with nothing to communicate (no_sync): its value is known."""
-
-    def __init__(self, group: Group, value: Any) -> None:
-        super().__init__("average_gradients", group)
-        self.value = value
-        self._complete()
-
-    def _advance(self) -> bool:
-        return True
+        return Work(Buckets(resolve_group(self.group, "average_gradients"), launched))
 
 
 def average_gradients(grads: Any, group: GroupArg = None, *, bucket_cap_mb: float = 25,
