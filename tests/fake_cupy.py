@@ -14,7 +14,8 @@ given to `install`, takes it out again. mpi4py is imported on first use.
   (mpi4py) take fake arrays where cupy refuses implicit host conversion.
 - Devices: ``FAKE_CUPY_DEVICES`` of them (default: the MPI world size, i.e. one per rank
   of one node, as NCCL needs), with distinct PCI bus ids. Streams and events are labels:
-  all work runs when called, so it is always complete.
+  all work runs when called, so it is always complete; `stall` makes events recorded from
+  then on never complete (a stuck kernel, for deadline tests).
 - NCCL: ``get_version()`` is ``FAKE_CUPY_NCCL_VERSION`` (default 22105; below 21000 ncclAvg
   and bfloat16 are refused, as before NCCL 2.10). Collectives run at once, blocking, with
   mpi4py on a communicator of the members; reductions fold in rank order (deterministic).
@@ -58,6 +59,7 @@ class _State:
         self.device, self.depth = 0, 0  # depth: groupStart nesting
         self.streams: list[Stream] = []
         self.pending: list[Callable[[], Any]] = []  # each posts one MPI request
+        self.stalled = False  # events recorded now never complete (`stall`)
 
 
 _state, _serials, _saved = _State(), itertools.count(), dict[str, types.ModuleType | None]()
@@ -109,15 +111,21 @@ class Stream:
     def wait_event(self, event: Event) -> None: ...
 
 
+def stall(stalled: bool = True) -> None:
+    """Test hook: events recorded while stalled are never ``done`` (as after a stuck kernel)."""
+    _state.stalled = stalled
+
+
 class Event:
-    """Always ``done``; ``record`` notes the host time (for `get_elapsed_time`)."""
+    """``done`` unless recorded under `stall`; ``record`` notes the host time (for
+    `get_elapsed_time`)."""
 
     def __init__(self, block: bool = False, disable_timing: bool = False,
                  interprocess: bool = False) -> None:
         self.done, self.time = True, time.perf_counter()
 
     def record(self, stream: Stream | None = None) -> None:
-        self.time = time.perf_counter()
+        self.done, self.time = not _state.stalled, time.perf_counter()
 
     def synchronize(self) -> None: ...
 
@@ -251,6 +259,9 @@ class NcclCommunicator:
         MPI, world = _mpi(), _mpi().COMM_WORLD
         if not 0 <= rank < ndev:
             raise NcclError(f"ncclInvalidArgument: rank {rank} of {ndev}")
+        if _state.depth:  # NCCL 2.28 defers a communicator made in a group: its calls fail
+            raise NcclError("ncclInvalidUsage: communicator created inside groupStart/groupEnd "
+                            "(NCCL sets it up at groupEnd; calls before that fail)")
         hub, serial = commId
         me, tag = world.Get_rank(), world.Get_attr(MPI.TAG_UB) - serial % 1024
         members = [me] * ndev
@@ -267,6 +278,7 @@ class NcclCommunicator:
         self._comm: Any = world.Create_group(group, tag=tag)
         group.Free()
         self._rank, self._size, self._device = rank, ndev, _state.device
+        self.aborted = False  # set by `abort`
 
     def rank_id(self) -> int:
         return self._rank
@@ -281,6 +293,10 @@ class NcclCommunicator:
         if self._comm is not None and not _mpi().Is_finalized():
             self._comm.Free()
         self._comm = None
+
+    def abort(self) -> None:
+        """ncclCommAbort: drops the communicator at once, with no peer taking part."""
+        self.aborted, self._comm = True, None
 
     def _check(self, op: int = 0, root: int = 0) -> None:
         if op not in _OPS or (op == _AVG and get_version() < _V2_10) or not 0 <= root < self._size:

@@ -113,6 +113,7 @@ def all_reduce_coalesced(backend: Backend, xs: Sequence[Any], op: object = "sum"
     plans = [nccl_plan(x.dtype, op, nccl.version(), fn) for x in xs]
     with xs[0].device:
         wires = [p.wire(x, cp()) for x, p in zip(xs, plans, strict=True)]
+        nccl.communicator_for(call, wires[0])  # made outside the group (NCCL >= 2.28 needs it)
         with nccl.grouped():
             outs = [backend.allreduce(call, w, p.op) for w, p in zip(wires, plans, strict=True)]
         return [p.finish(o, g.size, x.shape) for o, p, x in zip(outs, plans, xs, strict=True)]
@@ -131,6 +132,7 @@ def reduce_scatter_tensor_coalesced(backend: Backend, xs: Sequence[Any], op: obj
     plans = [nccl_plan(x.dtype, op, nccl.version(), fn) for x in xs]
     with xs[0].device:
         wires = [p.wire(x, cp()) for x, p in zip(xs, plans, strict=True)]
+        nccl.communicator_for(call, wires[0])  # made outside the group (NCCL >= 2.28 needs it)
         with nccl.grouped():
             outs = [backend.reduce_scatter_block(call, w, p.op)
                     for w, p in zip(wires, plans, strict=True)]
@@ -150,6 +152,7 @@ def all_gather_into_tensor_coalesced(backend: Backend, xs: Sequence[Any],
     with xs[0].device:
         sends = [as_bytes(x) for x in xs]
         outs = [cp().empty((n * x.shape[0], *x.shape[1:]), x.dtype) for x in xs]
+        nccl.communicator_for(call, sends[0])  # made outside the group (NCCL >= 2.28 needs it)
         with nccl.grouped():
             for s, o in zip(sends, outs, strict=True):
                 backend.allgather(call, s, o.reshape(-1).view(np.uint8))
