@@ -7,8 +7,8 @@ compares fcoll's result with the same computation done by numpy on all ranks' in
 
 The checks run on numpy arrays, or on cupy arrays after `use_arrays` ("cupy"): inputs go
 through `put` (to the current array type) and `same` then also requires results of that
-type (``recv`` returns numpy either way: the message carries no device), compared with
-the same numpy values. Checks in `HOST_ONLY` take no arrays and run on numpy only.
+type (a cupy array sent arrives as cupy), compared with the same numpy values. Checks in
+`HOST_ONLY` take no arrays and run on numpy only.
 
 Example:
     >>> use_arrays("cupy")           # this rank's GPU (fcoll.gpu.use_local_device)
@@ -78,8 +78,8 @@ def put(x: np.ndarray) -> Any:
     return x if _xp is np else _xp.asarray(x)
 
 
-def _to_numpy(got: Any, what: str, host: bool) -> np.ndarray:
-    if _xp is np or host:
+def _to_numpy(got: Any, what: str) -> np.ndarray:
+    if _xp is np:
         assert isinstance(got, (np.ndarray, np.generic)), (
             f"{what}: expected a numpy array, got {type(got).__name__}")
         return np.asarray(got)
@@ -93,13 +93,13 @@ def data(rank: int, dtype: Any = np.float64, n: int = _N) -> np.ndarray:
     return ((np.arange(n) % 3) + rank + 1).astype(dtype)
 
 
-def same(got: Any, want: Any, what: str = "result", tol: float = 0.0, *, host: bool = False) -> None:
+def same(got: Any, want: Any, what: str = "result", tol: float = 0.0) -> None:
     """Raise `AssertionError` unless ``got`` equals the numpy ``want`` (values, shape and
-    dtype) and is an array of the current type (numpy when ``host``)."""
+    dtype) and is an array of the current type (`use_arrays`)."""
     if want is None or got is None:
         assert got is None and want is None, f"{what}: expected {want!r}, got {got!r}"
         return
-    got, want = _to_numpy(got, what, host), np.asarray(want)
+    got, want = _to_numpy(got, what), np.asarray(want)
     assert got.dtype == want.dtype, f"{what}: expected dtype {want.dtype}, got {got.dtype}"
     assert got.shape == want.shape, f"{what}: expected shape {want.shape}, got {got.shape}"
     if tol:
@@ -267,7 +267,7 @@ def _send_recv(rank: int, size: int) -> None:
     else:
         got = fc.recv(left)
         fc.send(put(data(rank)), right)
-    same(got, data(left), host=True)
+    same(got, data(left))
 
 
 @_case("isend/irecv")
@@ -275,7 +275,7 @@ def _isend_irecv(rank: int, size: int) -> None:
     right, left = (rank + 1) % size, (rank - 1) % size
     receive = fc.irecv(left, tag=3)
     send = fc.isend(put(data(rank, np.float32, n=5000)), right, tag=3)  # past the inline limit
-    same(receive.wait(), data(left, np.float32, n=5000), host=True)
+    same(receive.wait(), data(left, np.float32, n=5000))
     send.wait()
 
 
@@ -284,7 +284,7 @@ def _batch(rank: int, size: int) -> None:
     right, left = (rank + 1) % size, (rank - 1) % size
     works = fc.batch_isend_irecv([fc.P2POp(fc.isend, put(data(rank)), right),
                                   fc.P2POp(fc.irecv, None, left)])
-    same(fc.wait_all(works)[1], data(left), host=True)
+    same(fc.wait_all(works)[1], data(left))
 
 
 @_case("permute_tensor")
