@@ -9,6 +9,7 @@ group whose ranks share a GPU uses MPI (warning once, naming them); ``=nccl`` ra
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +33,8 @@ def one_gpu_per_rank() -> Iterator[Any]:
 
     from fcoll.gpu import nccl
 
+    if os.environ.get("FCOLL_GPU_TRANSPORT", "").strip().lower() == "mpi":
+        pytest.skip("FCOLL_GPU_TRANSPORT=mpi: these are NCCL's fast paths and the auto choice")
     if not nccl.available():
         pytest.skip(f"no NCCL: {nccl.why_unavailable()}")
     if _local_size() > cupy.cuda.runtime.getDeviceCount():
