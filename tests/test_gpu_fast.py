@@ -26,24 +26,30 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str
 DTYPES = [np.float32, np.float64, np.int64, np.uint8, np.float16, ml_dtypes.bfloat16]
 
 
-@pytest.fixture(autouse=True)
-def one_gpu_per_rank() -> Iterator[Any]:
-    """NCCL on this rank's own GPU; settings as the job started them (restored after)."""
+@pytest.fixture
+def cupy_nccl() -> Iterator[Any]:
+    """cupy with NCCL; settings as the job started them (restored after)."""
     import cupy
 
     from fcoll.gpu import nccl
 
-    if os.environ.get("FCOLL_GPU_TRANSPORT", "").strip().lower() == "mpi":
-        pytest.skip("FCOLL_GPU_TRANSPORT=mpi: these are NCCL's fast paths and the auto choice")
     if not nccl.available():
         pytest.skip(f"no NCCL: {nccl.why_unavailable()}")
-    if _local_size() > cupy.cuda.runtime.getDeviceCount():
+    yield cupy
+    fc.init(timeout=None, debug="off")
+
+
+@pytest.fixture
+def one_gpu_per_rank(cupy_nccl: Any) -> Any:
+    """NCCL on this rank's own GPU (the fast paths are NCCL's)."""
+    if os.environ.get("FCOLL_GPU_TRANSPORT", "").strip().lower() == "mpi":
+        pytest.skip("FCOLL_GPU_TRANSPORT=mpi: these are NCCL's fast paths")
+    if _local_size() > cupy_nccl.cuda.runtime.getDeviceCount():
         pytest.skip("NCCL needs one GPU per rank; more ranks than GPUs on this node")
     import fcoll.gpu
 
     fcoll.gpu.use_local_device()
-    yield cupy
-    fc.init(timeout=None, debug="off")
+    return cupy_nccl
 
 
 def _inputs(shape: tuple[int, ...], dtype: Any) -> list[np.ndarray]:
@@ -133,15 +139,21 @@ def test_no_fast_path_under_a_deadline_or_debug_checks(one_gpu_per_rank: Any) ->
 
 
 @pytest.fixture
-def shared_gpu(one_gpu_per_rank: Any) -> Iterator[Any]:
-    """Every rank on GPU 0 (n >= 2), in a group of its own (destroyed after)."""
+def shared_gpu(cupy_nccl: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Every rank on GPU 0 (n >= 2, as on a one-GPU machine), in a group of its own
+    (destroyed after), with ``FCOLL_GPU_TRANSPORT`` unset (auto)."""
     if fc.get_world_size() < 2:
         pytest.skip("needs two ranks on one GPU")
-    cp = one_gpu_per_rank
+    from fcoll import _dispatch
+
+    monkeypatch.delenv("FCOLL_GPU_TRANSPORT", raising=False)
+    _dispatch.forget()
     group = fc.world().split(color=0)
-    with cp.cuda.Device(0):
-        yield cp, group
+    with cupy_nccl.cuda.Device(0):
+        yield cupy_nccl, group
     group.destroy()
+    monkeypatch.undo()
+    _dispatch.forget()
 
 
 def test_auto_uses_mpi_where_ranks_share_a_gpu(shared_gpu: Any) -> None:
@@ -171,12 +183,8 @@ def test_forced_nccl_refuses_ranks_that_share_a_gpu(shared_gpu: Any,
     from fcoll import _dispatch
 
     _dispatch.forget()
-    try:
-        with pytest.raises(RuntimeError, match=r"expected one GPU per rank .*ranks 0 and 1"):
-            fc.all_reduce(cp.asarray(np.ones(2, np.float32)), group=group)
-    finally:
-        monkeypatch.undo()
-        _dispatch.forget()
+    with pytest.raises(RuntimeError, match=r"expected one GPU per rank .*ranks 0 and 1"):
+        fc.all_reduce(cp.asarray(np.ones(2, np.float32)), group=group)
 
 
 def test_collectives_replay_from_a_cuda_graph(one_gpu_per_rank: Any) -> None:
