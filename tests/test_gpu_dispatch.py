@@ -37,6 +37,11 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type:
     module = types.ModuleType("cupy")
     module.ndarray = FakeCupyArray  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupy", module)
+    for name in ("cupy.cuda", "cupy.cuda.nccl"):  # a real cupy's (or the stand-in's) hidden
+        monkeypatch.setitem(sys.modules, name, None)
+    from fcoll.gpu import nccl
+
+    monkeypatch.setattr(nccl, "_FOUND", [])  # a real cupy's NCCL, found earlier, is not this one's
     return FakeCupyArray
 
 
@@ -84,6 +89,8 @@ def test_bad_transport_names_the_variable(monkeypatch):
 
 
 def test_forced_mpi_transport_never_loads_nccl(monkeypatch):
+    if "cupy.cuda.nccl" in sys.modules:
+        pytest.skip("cupy's NCCL was loaded before this test (a GPU machine, or the stand-in)")
     monkeypatch.setenv(_dispatch.ENV, "mpi")
     monkeypatch.setenv(_probe.AWARE_ENV, "0")
     monkeypatch.setattr(_dispatch, "_AWARE", [])
