@@ -47,20 +47,30 @@ class Call:
       forms) and when the call began (``time.monotonic``);
     - ``counted``: whether the group's call number (``group.seq``) has counted this call.
       The transport's first operation counts it (`begin`), so a call that fails its local
-      checks is not counted and the numbers stay equal across ranks.
+      checks is not counted and the numbers stay equal across ranks;
+    - ``check``: what must run before the call's first operation, or ``None``. The GPU
+      path (`fcoll.gpu.route`) leaves its ``debug="detail"`` comparison here, since its
+      local checks and its first message are spread over many functions.
     """
 
-    __slots__ = ("comm", "counted", "fn", "group", "seconds", "start")
+    __slots__ = ("check", "comm", "counted", "fn", "group", "seconds", "start")
 
     def __init__(self, group: Any, comm: Any) -> None:
         self.group, self.comm, self.fn = group, comm, ""
         self.seconds: float | None = None
         self.start = 0.0
         self.counted = True
+        self.check: Callable[[], None] | None = None
 
     def begin(self) -> Any:
-        """Count the call on its group (once) and return the communicator to use."""
+        """Count the call on its group (once) and return the communicator to use; a
+        pending ``check`` runs first (once; it may communicate on this call, counting it)."""
         if not self.counted:
+            if self.check is not None:
+                check, self.check = self.check, None
+                check()
+                if self.counted:
+                    return self.comm
             self.counted = True
             self.group.seq += 1
         return self.comm

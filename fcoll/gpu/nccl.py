@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from fcoll import _runtime
-from fcoll.work import Call
+from fcoll.work import Call, backoff, timed_out
 
 NAME = "nccl"
 # ncclDataType_t codes (nccl.h; stable since NCCL 2.0, bfloat16 from 2.10). The other
@@ -159,6 +160,44 @@ def communicator(group: Any, device: int, fn: str) -> Any:
         group.nccl = nccl.NcclCommunicator(group.size, uid, group.rank)
     group.nccl_device = device
     return group.nccl
+
+
+def wait(call: Call) -> None:
+    """Under a deadline, block the host until the NCCL work ``call`` enqueued is done.
+
+    Without a deadline (``call.seconds is None``) it returns at once: the work stays in
+    stream order. With one, it records a CUDA event on the current stream of the group's
+    NCCL device and polls it (``event.done``, `fcoll.work.backoff` between polls, as
+    `fcoll.work.wait_request` does) until it completes or the deadline passes. Then, as
+    torch's NCCL watchdog does, it aborts the group's NCCL communicator (`abort`), marks the
+    group unusable and raises `fcoll.work.CollectiveTimeoutError`.
+
+    Example:
+        >>> out = allreduce(call, x, op)   # enqueued on the current stream
+        >>> wait(call)                     # fc.init(timeout=5): returns once out is ready,
+        ...                                # or raises after 5 s, on this rank
+    """
+    group, seconds = call.group, call.seconds
+    if seconds is None or group.nccl is None:
+        return
+    cuda = sys.modules["cupy"].cuda
+    with cuda.Device(group.nccl_device):
+        event = cuda.Event(block=False, disable_timing=True, interprocess=False)
+        event.record(cuda.get_current_stream())
+    pause, started = 1e-5, time.monotonic()
+    while not event.done:  # cudaEventQuery: never blocks
+        if time.monotonic() - call.start > seconds:
+            abort(group)
+            raise timed_out(call.fn, group, seconds, group.seq)
+        pause = backoff(started, pause)
+
+
+def abort(group: Any) -> None:
+    """Abort the group's NCCL communicator (``ncclCommAbort``: its work in flight ends, and
+    no other rank takes part) and drop it; the group makes no new one."""
+    comm, group.nccl = group.nccl, None
+    if comm is not None:
+        comm.abort()
 
 
 @contextmanager

@@ -5,10 +5,16 @@ tables name, for each backend, the function that moves cupy arrays without stagi
 collective not in its backend's table (or whose function answers ``NotImplemented`` for
 this call) runs on host copies through `fcoll.gpu.staged`. Results are cupy arrays on
 the input's device.
+
+Debug checks and deadlines are applied here, once for every GPU collective (`guarded`):
+under ``debug="detail"`` the call is compared across ranks as on the numpy path, before
+its first message; under a deadline an NCCL call waits on the host (`fcoll.gpu.nccl.wait`).
+The MPI transports honour the deadline themselves, and staged calls are numpy calls.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -16,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fcoll import _debug, _runtime
 from fcoll._dispatch import mpi_for_device, transport
 from fcoll._validate import check_count, check_rank, check_same_dtype
 from fcoll.backends import Backend
@@ -23,6 +30,7 @@ from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype, dtype_from_name
 from fcoll.gpu import aware, collectives, lists, nccl, staged
 from fcoll.group import Group, member, resolve_group
+from fcoll.work import Call
 
 # NCCL moves every collective that has a function here; the others (e.g. reduce_scatter
 # on lists over MPI) are staged.
@@ -64,13 +72,62 @@ def run(backend: Backend, name: str, numpy_fn: Callable[..., R], *args: Any, **k
     ``numpy_fn`` is the public function itself, which staging calls on host copies; the
     group travels as the keyword ``group`` (`choose` reads it).
     """
-    backend = choose(backend, name, args[0] if args else None, kwargs.get("group"))
+    group = kwargs.get("group")
+    backend = choose(backend, name, args[0] if args else None, group)
     impl = TABLES[backend.NAME].get(name)
     if impl is not None:
-        result = impl(backend, *args, **kwargs)
+        result = guarded(name, group, lambda: _fields(numpy_fn, args, kwargs),
+                         lambda: impl(backend, *args, **kwargs))
         if result is not NotImplemented:
+            if backend is nccl:
+                return _waited(resolve_group(group, name).call, result)  # type: ignore[no-any-return]
             return result  # type: ignore[no-any-return]
     return staged.run(numpy_fn, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+def guarded(fn: str, group: Any, fields: Callable[[], dict[str, object]],
+            body: Callable[[], R]) -> R:
+    """``body()``, a GPU collective, under the numpy path's debug check (`fcoll._debug`).
+
+    With ``debug="off"`` it just calls ``body``. Otherwise the comparison of ``fields()``
+    across the group waits in the call context (`fcoll.work.Call.check`) and runs at the
+    call's first message, after ``body``'s local checks; if those raise first, this rank
+    joins the comparison with its error and raises it, as `fcoll._debug.checked` does.
+
+    Example:
+        >>> guarded("broadcast", g, lambda: {"x": x, "src": src},
+        ...         lambda: collectives.broadcast(nccl, x, src, g))
+        CollectiveMismatchError: broadcast: ...     # every rank, when another passed src=1
+    """
+    if not _runtime._state.checking:
+        return body()
+    g, call = member(group, fn)
+    described = fields()
+    call.check = lambda: _debug.compare(g, call, fn, described, None)
+    try:
+        return body()
+    except Exception as error:
+        if call.check is not None:  # it failed its local checks before sending anything
+            call.check = None
+            _debug.compare(g, call, fn, described, error)
+        raise
+    finally:
+        call.check = None
+
+
+_SIGNATURES: dict[Callable[..., Any], inspect.Signature] = {}
+
+
+def _fields(numpy_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> dict[str, object]:
+    """What the numpy path's debug check compares for this call: every argument of the
+    public function but ``group`` and ``async_op``, in its order."""
+    signature = _SIGNATURES.get(numpy_fn)
+    if signature is None:
+        signature = _SIGNATURES[numpy_fn] = inspect.signature(numpy_fn)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return {k: v for k, v in bound.arguments.items() if k not in ("group", "async_op")}
 
 
 def choose(backend: Backend, fn: str, x: Any, group: Any) -> Backend:
@@ -114,6 +171,11 @@ TAG = "cupy:"  # prefixes the dtype names a root scattering cupy arrays sends
 def scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
     """`fcoll.scatter` on the root, whose chunks are cupy arrays: the metadata tells the
     other ranks (which pass ``chunks=None``) to receive onto their current device."""
+    return guarded("scatter", group, lambda: {"src": src},
+                   lambda: _scatter(backend, chunks, src, group))
+
+
+def _scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
     fn = "scatter"
     g, call = member(group, fn)
     root = check_rank(src, g.size, fn, "src")
@@ -127,7 +189,7 @@ def scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any
     host.scatter_obj(call, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
     backend = choose(backend, fn, chunks, g)  # after the metadata, as on the other ranks
     if backend is nccl:
-        return lists.scatter_send(g, chunks, root)
+        return _waited(call, lists.scatter_send(g, chunks, root))
     copies = [staged.to_host(c) for c in chunks]
     send = np.concatenate([np.ascontiguousarray(h).reshape(-1).view(np.uint8) for h in copies])
     mine = host.scatterv(call, send, [h.nbytes for h in copies], np.empty_like(copies[root]), root)
@@ -140,6 +202,12 @@ def scatter_receive(backend: Backend, g: Group, shape: tuple[int, ...], name: st
     dtype = dtype_from_name(name[len(TAG):])
     backend = choose(backend, "scatter", None, g)
     if backend is nccl:
-        return lists.scatter_receive(g, shape, dtype, root)
+        return _waited(g.call, lists.scatter_receive(g, shape, dtype, root))
     out = host.scatterv(g.call, None, [], np.empty(shape, dtype), root)
     return staged.to_device(out, staged.device_of([]))
+
+
+def _waited(call: Call, result: R) -> R:
+    """``result``, once the NCCL work of ``call`` is done under a deadline (`nccl.wait`)."""
+    nccl.wait(call)
+    return result
