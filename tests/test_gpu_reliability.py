@@ -1,10 +1,10 @@
 """Deadlines and ``debug="detail"`` on cupy calls (issue 15, part 5): NCCL, CUDA-aware MPI
 and staged MPI, on a GPU or on the CPU stand-in (``FCOLL_FAKE_CUPY=1``).
 
-- NCCL under a deadline: work that never completes (the stand-in's `fake_cupy.stall`; on
-  a GPU, a kernel spinning ahead of it) raises `CollectiveTimeoutError` near the deadline
-  on every rank, aborts the group's NCCL communicator and leaves the group unusable;
-  without a deadline the call returns at once (stream order).
+- NCCL under a deadline: work that never completes (the stand-in's `fake_cupy.stall`, so
+  these run on the stand-in only) raises `CollectiveTimeoutError` near the deadline on
+  every rank, aborts the group's NCCL communicator and leaves the group unusable; without
+  a deadline the call returns at once (stream order).
 - ``debug="detail"``: ranks passing different shapes, dtypes, ops or roots get
   `CollectiveMismatchError` on every rank before anything is sent (on NCCL the
   communicator is not even made); a rank failing its own checks raises its error and the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
@@ -100,33 +100,24 @@ def on_nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _dispatch.forget()
 
 
-_SPIN = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-}
-"""
+@pytest.fixture
+def stuck(on_nccl: None) -> Callable[[], AbstractContextManager[None]]:
+    """NCCL work enqueued inside ``with stuck():`` never completes: the stand-in's events
+    recorded there are never done (`fake_cupy.stall`). Not on a real GPU: aborting a
+    communicator with work still queued (what a timeout does) is left to a job of its own."""
+    if not _fake():
+        pytest.skip("needs the CPU stand-in's stall() (FCOLL_FAKE_CUPY=1)")
+    from tests import fake_cupy
 
-
-@contextmanager
-def stuck(cupy: Any, seconds: float = 3.0) -> Iterator[None]:
-    """GPU work enqueued in the block does not complete: on the stand-in its events never
-    do; on a GPU a kernel spinning for ``seconds`` runs first on the current stream."""
-    if _fake():
-        from tests import fake_cupy
-
+    @contextmanager
+    def stalled() -> Iterator[None]:
         fake_cupy.stall(True)
         try:
             yield
         finally:
             fake_cupy.stall(False)
-        return
-    rate_khz = cupy.cuda.Device().attributes["ClockRate"]
-    cupy.RawKernel(_SPIN, "spin")((1,), (1,), (np.int64(seconds * rate_khz * 1e3),))
-    try:
-        yield
-    finally:
-        cupy.cuda.get_current_stream().synchronize()
+
+    return stalled
 
 
 def _x(cupy: Any, n: int, dtype: Any = np.float32) -> Any:
@@ -147,7 +138,7 @@ CALLS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 @pytest.mark.parametrize("name", list(CALLS))
-def test_stuck_nccl_work_times_out_and_aborts(group, cp, on_nccl, name):
+def test_stuck_nccl_work_times_out_and_aborts(group, cp, stuck, name):
     """Every rank raises near the deadline; the NCCL communicator is aborted and dropped;
     the next call raises the documented error."""
     g = fc.new_group(list(group.members), timeout=DEADLINE)
@@ -157,7 +148,7 @@ def test_stuck_nccl_work_times_out_and_aborts(group, cp, on_nccl, name):
     assert comm is not None
     fn = name.split()[-1]
     started = time.monotonic()
-    with stuck(cp), parallel_raises(fc.CollectiveTimeoutError, on="all", group=group.arg,
+    with stuck(), parallel_raises(fc.CollectiveTimeoutError, on="all", group=group.arg,
                                     match=rf"^{fn} \(call #2 on the group\) .*{DEADLINE:g} s "
                                     rf"deadline on group ranks \[{', '.join(map(str, g.ranks))}\]"):
         CALLS[name](x, g)
@@ -170,23 +161,24 @@ def test_stuck_nccl_work_times_out_and_aborts(group, cp, on_nccl, name):
         fc.all_reduce(x, group=g)
 
 
-def test_stuck_nccl_work_times_out_under_the_default_deadline(group, cp, on_nccl):
+def test_stuck_nccl_work_times_out_under_the_default_deadline(group, cp, stuck):
     """``fc.init(timeout=...)`` applies to a group without a deadline of its own."""
     g = fc.new_group(list(group.members))
     x = _x(cp, g.size)
     fc.all_reduce(x, group=g)
     fc.init(timeout=DEADLINE)
-    with stuck(cp), parallel_raises(fc.CollectiveTimeoutError, on="all", group=group.arg,
+    with stuck(), parallel_raises(fc.CollectiveTimeoutError, on="all", group=group.arg,
                                     match=r"all_reduce \(call #2 on the group\)"):
         fc.all_reduce(x, group=g)
     assert g.nccl is None
 
 
-def test_without_a_deadline_nccl_calls_do_not_wait(group, cp, on_nccl):
+def test_without_a_deadline_nccl_calls_do_not_wait(group, cp, stuck):
     """No deadline: the call enqueues and returns, however long the stream takes."""
     g = fc.new_group(list(group.members))
     x = _x(cp, g.size)
-    with stuck(cp):
+    fc.all_reduce(x, group=g)  # makes the communicator
+    with stuck():
         started = time.monotonic()
         y = fc.all_reduce(x, group=g)
         assert time.monotonic() - started < 1.5
