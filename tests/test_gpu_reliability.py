@@ -260,3 +260,36 @@ def test_mpi_transport_deadline_when_a_rank_does_not_call(group, cp, transport, 
     if g.rank == 0:
         with pytest.raises(RuntimeError, match=f"is unusable: {name}"):
             fc.all_reduce(x, group=g)
+
+
+@pytest.mark.parametrize("setting", ["nccl", "auto"])
+def test_nccl_deadline_when_a_rank_misses_the_first_call(group, cp, on_nccl, monkeypatch,
+                                                         setting):
+    """The exchange before a group's NCCL communicator exists (every rank's GPU, NCCL's
+    unique id; unset FCOLL_GPU_TRANSPORT: which transport) is bounded by the deadline."""
+    if group.size < 2:
+        pytest.skip("needs a rank that does not come")
+    if setting == "auto":
+        monkeypatch.delenv("FCOLL_GPU_TRANSPORT")
+        _dispatch.forget()
+    g = fc.new_group(list(group.members), timeout=DEADLINE)
+    x = _x(cp, g.size)
+    with parallel_raises(fc.CollectiveTimeoutError, group=group.arg,
+                         match=r"^all_reduce \(call #1 on the group\)") as info:
+        if g.rank == 0:
+            fc.all_reduce(x, group=g)
+    assert info.ranks == [0]
+    assert g.nccl is None
+
+
+def test_the_transport_choice_is_part_of_the_first_call(group, cp, on_nccl, monkeypatch):
+    """Unset FCOLL_GPU_TRANSPORT: the first call on a group also decides its transport; it
+    still counts once, so later calls and their errors are numbered as on numpy."""
+    monkeypatch.delenv("FCOLL_GPU_TRANSPORT")
+    _dispatch.forget()
+    g = fc.new_group(list(group.members))
+    x = _x(cp, g.size)
+    fc.all_reduce(x, group=g)
+    assert g.gpu_shared == [] and g.nccl is not None and g.seq == 1
+    fc.broadcast(x, group=g)
+    assert g.seq == 2

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from fcoll import _runtime
+from fcoll.backends import mpi as host
 from fcoll.work import Call, backoff, timed_out
 
 NAME = "nccl"
@@ -107,18 +108,24 @@ def local_device(comm: Any) -> int:
     return int(local % max(cupy.cuda.runtime.getDeviceCount(), 1))
 
 
-def sharing(comm: Any, device: int) -> list[list[int]]:
-    """The sets of ranks of ``comm`` that drive one GPU (same host and PCI bus id), each
-    in rank order; empty when every rank has a GPU of its own. Collective over ``comm``,
-    so every rank gets the same answer."""
+def sharing(call: Call, device: int, extra: object = None) -> tuple[list[list[int]], list[Any]]:
+    """The sets of ranks of ``call``'s group that drive one GPU (same host and PCI bus id),
+    each in rank order (empty when every rank has a GPU of its own), and every rank's
+    ``extra``. One exchange over the group's MPI communicator, under the call's deadline,
+    so every rank gets the same answer.
+
+    Example:
+        >>> sharing(call, 0)           # ranks 0 and 1 of 3 both on GPU 0 of one host
+        ([[0, 1]], [None, None, None])
+    """
     import cupy
 
     bus = cupy.cuda.Device(device).pci_bus_id
-    entries = comm.allgather((_runtime.mpi().Get_processor_name(), bus))
+    entries = host.allgather_obj(call, (_runtime.mpi().Get_processor_name(), bus, extra))
     by_gpu: dict[tuple[str, str], list[int]] = {}
-    for rank, entry in enumerate(entries):
-        by_gpu.setdefault(entry, []).append(rank)
-    return [ranks for ranks in by_gpu.values() if len(ranks) > 1]
+    for rank, (name, bus_id, _) in enumerate(entries):
+        by_gpu.setdefault((name, bus_id), []).append(rank)
+    return [ranks for ranks in by_gpu.values() if len(ranks) > 1], [e[2] for e in entries]
 
 
 def describe(shared: Sequence[Sequence[int]]) -> str:
@@ -126,21 +133,11 @@ def describe(shared: Sequence[Sequence[int]]) -> str:
     return "; ".join(" and ".join(map(str, ranks)).join(("ranks ", " share a GPU")) for ranks in shared)
 
 
-def _check_devices(comm: Any, device: int, fn: str) -> None:
-    """`RuntimeError` on every rank if two ranks of the group drive the same GPU."""
-    shared = sharing(comm, device)
-    if shared:
-        raise RuntimeError(
-            f"{fn}: expected one GPU per rank (NCCL allows no more), got group {describe(shared)}; "
-            "call fcoll.gpu.use_local_device() (or cupy.cuda.Device(i).use()) before allocating "
-            "arrays, set FCOLL_GPU_DEVICE per rank, or leave FCOLL_GPU_TRANSPORT unset (auto: "
-            "such groups use MPI)")
-
-
 def communicator(group: Any, device: int, fn: str) -> Any:
     """The group's NCCL communicator (created on ``device`` at the group's first GPU call).
 
-    Collective over the group the first time; later calls on another device raise.
+    Collective over the group the first time (the exchange before it is bounded by the
+    deadline of the group's call in progress); later calls on another device raise.
     """
     comm = group.nccl
     if comm is not None:
@@ -150,10 +147,16 @@ def communicator(group: Any, device: int, fn: str) -> Any:
         return comm
     nccl = module()
     assert nccl is not None  # callers choose this backend only when NCCL is available
-    mpi_comm = group.comm(fn)
-    _check_devices(mpi_comm, device, fn)
-    uid = nccl.get_unique_id() if group.rank == 0 else None
-    uid = mpi_comm.bcast(uid, root=0)
+    group.comm(fn)  # raises the documented error for a group that cannot be used
+    # every rank's GPU and rank 0's unique id, in one exchange bounded by the call's deadline
+    shared, ids = sharing(group.call, device, nccl.get_unique_id() if group.rank == 0 else None)
+    if shared:
+        raise RuntimeError(
+            f"{fn}: expected one GPU per rank (NCCL allows no more), got group {describe(shared)}; "
+            "call fcoll.gpu.use_local_device() (or cupy.cuda.Device(i).use()) before allocating "
+            "arrays, set FCOLL_GPU_DEVICE per rank, or leave FCOLL_GPU_TRANSPORT unset (auto: "
+            "such groups use MPI)")
+    uid = ids[0]
     import cupy
 
     with cupy.cuda.Device(device):

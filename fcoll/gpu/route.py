@@ -130,12 +130,13 @@ def _fields(numpy_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     return {k: v for k, v in bound.arguments.items() if k not in ("group", "async_op")}
 
 
-def choose(backend: Backend, fn: str, x: Any, group: Any) -> Backend:
+def choose(backend: Backend, fn: str, x: Any, group: Any, call: Call | None = None) -> Backend:
     """``backend``, or the MPI backend where NCCL cannot serve ``group``: with
     ``FCOLL_GPU_TRANSPORT`` unset (auto), a group with ranks that share a GPU uses MPI.
 
     Decided once per group, together (`fcoll.gpu.nccl.sharing` gathers every member's GPU),
-    at its first NCCL-bound call, before anything else travels; the group's rank 0 warns
+    at its first NCCL-bound call, before anything else travels (``call``: the call in
+    progress, if it began; its deadline bounds the exchange); the group's rank 0 warns
     once, naming the ranks. ``FCOLL_GPU_TRANSPORT=nccl`` skips this, and the NCCL
     communicator's own check raises instead.
     """
@@ -145,7 +146,12 @@ def choose(backend: Backend, fn: str, x: Any, group: Any) -> Backend:
     if g.gpu_shared is None:
         if g.rank < 0 or not g.usable:
             return backend  # the collective raises the documented error
-        g.gpu_shared = nccl.sharing(g.comm(fn), _device_id(x))
+        if call is None:
+            g, call = member(g, fn)
+        counted = call.counted
+        g.gpu_shared = nccl.sharing(call, _device_id(x))[0]
+        if not counted:  # the exchange is part of the call, which its first operation counts
+            call.counted, g.seq = False, g.seq - 1
         if g.gpu_shared and g.rank == 0:
             warnings.warn(f"fcoll: {nccl.describe(g.gpu_shared)} in group {list(g.ranks)}; NCCL "
                           "needs one GPU per rank, so cupy collectives on this group use the MPI "
@@ -187,7 +193,7 @@ def _scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: An
         check_dtype(c.dtype, fn, f"chunks[{i}]")
     check_same_dtype(chunks, fn, "chunks")
     host.scatter_obj(call, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
-    backend = choose(backend, fn, chunks, g)  # after the metadata, as on the other ranks
+    backend = choose(backend, fn, chunks, g, call)  # after the metadata, as on the other ranks
     if backend is nccl:
         return _waited(call, lists.scatter_send(g, chunks, root))
     copies = [staged.to_host(c) for c in chunks]
@@ -200,7 +206,7 @@ def scatter_receive(backend: Backend, g: Group, shape: tuple[int, ...], name: st
                     root: int) -> Any:
     """A non-root rank's part of a scatter of cupy arrays (see `scatter`)."""
     dtype = dtype_from_name(name[len(TAG):])
-    backend = choose(backend, "scatter", None, g)
+    backend = choose(backend, "scatter", None, g, g.call)
     if backend is nccl:
         return _waited(g.call, lists.scatter_receive(g, shape, dtype, root))
     out = host.scatterv(g.call, None, [], np.empty(shape, dtype), root)
