@@ -36,7 +36,16 @@ def cupy_nccl() -> Iterator[Any]:
     if not nccl.available():
         pytest.skip(f"no NCCL: {nccl.why_unavailable()}")
     yield cupy
-    fc.init(timeout=None, debug="off")
+    _settings_as_started()
+
+
+def _settings_as_started() -> None:
+    """No default deadline, debug off (``fc.init(timeout=None)`` keeps a deadline set before)."""
+    from fcoll import _runtime
+
+    _runtime._state.timeout = None
+    fc.init(debug="off")
+    _runtime.changed()
 
 
 @pytest.fixture
@@ -135,7 +144,9 @@ def test_no_fast_path_under_a_deadline_or_debug_checks(one_gpu_per_rank: Any) ->
             y = fc.all_reduce(x)
             np.testing.assert_array_equal(cp.asnumpy(y), np.full(x.size, fc.get_world_size()))
         assert not fast.ALL_REDUCE, settings
-        fc.init(timeout=None, debug="off")
+        _settings_as_started()
+        fc.all_reduce(x)
+        assert fast.ALL_REDUCE, "the fast path comes back once the deadline and checks are off"
 
 
 @pytest.fixture
