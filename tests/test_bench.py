@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from tests.jobs import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -50,7 +51,7 @@ def test_gpu_overhead_bench_times_every_op_on_the_stand_in():
     """bench/gpu_overhead.py: fcoll's host cost per cupy call, on the CPU stand-in."""
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_overhead.py"), "--calls", "200"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**__import__("os").environ, "FCOLL_ALLOW_SINGLETON": "1"})
+                          env={**environment(), "FCOLL_ALLOW_SINGLETON": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]]
             for line in done.stdout.splitlines()[1:] if line.strip()}
@@ -65,7 +66,7 @@ def test_gpu_bench_without_a_gpu_says_so_and_its_table_reads():
     if bench_gpu._unavailable() is None:
         pytest.skip("a GPU is here: scripts/gpu-check.sh runs the benchmark")
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py")], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+                          text=True, timeout=120, cwd=ROOT, env=environment())
     assert done.returncode == 0 and "bench_gpu: skipped:" in done.stdout, done.stdout + done.stderr
     row = {"op": "all_reduce", "bytes": 8, "fcoll": 11.0, "raw": 5.5, "raw+new": 10.0, "torch": 22.0}
     table = bench_gpu._markdown([row]).splitlines()
