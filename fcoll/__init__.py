@@ -9,7 +9,7 @@ Example:
     array([10.])
 """
 
-from fcoll import dp, lax
+from fcoll import debug, dp, lax
 from fcoll._debug import CollectiveMismatchError
 from fcoll._runtime import abort
 from fcoll.collectives import (
@@ -61,6 +61,7 @@ __all__ = [
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object",
+    "debug",
     "dp",
     "gather",
     "gather_object",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _runtime
+from fcoll import _runtime, _trace
 from fcoll.backends import mpi as backend
 from fcoll.ops import PremulSum, ReduceOp
 from fcoll.work import Call
@@ -174,6 +174,8 @@ def checked(group: Any, call: Call, fn: str, **fields: object) -> _Checked | _Un
         >>> with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
         ...     root = check_rank(dst, g.size, "reduce", "dst")   # raises before the check
     """
+    if _trace.RING:
+        call.args = fields  # summarised when the call first communicates (fcoll._trace)
     if not _runtime._state.checking:
         return UNCHECKED
     return _Checked(group, call, fn, fields)

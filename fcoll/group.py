@@ -12,9 +12,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fcoll import _runtime
+from fcoll import _runtime, _trace_report
 from fcoll._runtime import Timeout, to_seconds
 from fcoll.work import Call
+
+_SERIAL = [0]  # groups made by this process, as agreed with their members
+
+
+def _agreed_serial(comm: Any) -> int:
+    """A number for a new group, the same on each of its members (collective over ``comm``,
+    which every member is creating at this moment)."""
+    serial = int(comm.allreduce(_SERIAL[0], op=_runtime.mpi().MAX))
+    _SERIAL[0] = serial + 1
+    return serial
 
 
 class Group:
@@ -46,6 +56,9 @@ class Group:
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
         self.call = Call(self, comm)  # the public call in progress (refreshed by `member`)
+        # The flight recorder's name for the group, equal on its members (ranks alone do
+        # not tell a split of the world from the world): (ranks, a serial they agree on).
+        self.key = (self._ranks, _agreed_serial(comm) if comm is not None else -1)
         self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (fcoll.gpu.nccl)
         self.nccl_device = -1  # the GPU it was made on
         self.gpu_shared: list[list[int]] | None = None  # ranks sharing a GPU (None: not asked yet)
@@ -217,6 +230,7 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         MPI = _runtime.mpi()
         _runtime.check_launcher(MPI)  # a launcher of another MPI: every rank alone
         state.world = Group(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
+        _trace_report.start(MPI.COMM_WORLD)  # the flight recorder's own communicator
     _runtime.configure(timeout, debug)
 
 
@@ -348,7 +362,7 @@ def member(group: object, fn: str) -> tuple[Group, Call]:
     if not g.usable:
         g.comm(fn)  # raises the documented error
     call = g.call
-    call.fn, call.counted = fn, False  # counted in g.seq once the call communicates
+    call.fn, call.counted, call.slot, call.args = fn, False, -1, None  # counted once it communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
     call.seconds = timeout
     if timeout is not None:

@@ -14,6 +14,7 @@ import runpy
 import sys
 import traceback
 
+from fcoll import _trace_report
 from fcoll._runtime import abort, mpi
 
 
@@ -34,7 +35,15 @@ def main(argv: list[str] | None = None) -> None:
         text = traceback.format_exc()
         sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
         sys.stderr.flush()
+        _flight_record(rank, text.strip().splitlines()[-1])
         abort(1)
+
+
+def _flight_record(rank: int, error: str) -> None:
+    """Before the abort: every answering rank's last calls, printed by the lowest of them
+    (`fcoll.debug`); nothing when fcoll never started or a timeout already printed them."""
+    if _trace_report._COMM and "CollectiveTimeoutError" not in error:
+        _trace_report.collect(f"python -m fcoll.run: rank {rank} raised {error[:80]}", 5.0)
 
 
 if __name__ == "__main__":

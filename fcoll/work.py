@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fcoll import _runtime
+from fcoll import _runtime, _trace, _trace_report
 from fcoll._runtime import Timeout, to_seconds
 
 
@@ -23,7 +23,9 @@ class CollectiveTimeoutError(TimeoutError):
     """An operation did not complete before its deadline.
 
     The message names the operation, the group's ranks, the deadline and the call's
-    sequence number on the group. The group is unusable afterwards.
+    sequence number on the group. The group is unusable afterwards. ``flight_record``
+    holds every answering rank's last calls side by side (`fcoll.debug`), also printed by
+    the lowest of them.
 
     Example:
         >>> fc.init(timeout=5)                        # every rank; mpiexec -n 2
@@ -32,6 +34,8 @@ class CollectiveTimeoutError(TimeoutError):
         Traceback (most recent call last):            # on rank 0, after 5 s
         CollectiveTimeoutError: all_reduce (call #1 on the group) ... 5 s deadline on group ranks [0, 1]
     """
+
+    flight_record: str = ""
 
 
 class Call:
@@ -50,10 +54,12 @@ class Call:
       checks is not counted and the numbers stay equal across ranks;
     - ``check``: what must run before the call's first operation, or ``None``. The GPU
       path (`fcoll.gpu.route`) leaves its ``debug="detail"`` comparison here, since its
-      local checks and its first message are spread over many functions.
+      local checks and its first message are spread over many functions;
+    - ``args``/``slot``: the call's arguments as the flight recorder keeps them (set by the
+      local checks, `fcoll._debug.checked`) and its entry there (`fcoll._trace`; -1: none).
     """
 
-    __slots__ = ("check", "comm", "counted", "fn", "group", "seconds", "start")
+    __slots__ = ("args", "check", "comm", "counted", "fn", "group", "seconds", "slot", "start")
 
     def __init__(self, group: Any, comm: Any) -> None:
         self.group, self.comm, self.fn = group, comm, ""
@@ -61,10 +67,14 @@ class Call:
         self.start = 0.0
         self.counted = True
         self.check: Callable[[], None] | None = None
+        self.args: dict[str, object] | None = None
+        self.slot = -1
 
     def begin(self) -> Any:
         """Count the call on its group (once) and return the communicator to use; a
-        pending ``check`` runs first (once; it may communicate on this call, counting it)."""
+        pending ``check`` runs first (once; it may communicate on this call, counting it).
+        The flight recorder gets the call at its first message (in flight again at each
+        later one, until `end`)."""
         if not self.counted:
             if self.check is not None:
                 check, self.check = self.check, None
@@ -73,7 +83,18 @@ class Call:
                     return self.comm
             self.counted = True
             self.group.seq += 1
+            if _trace.RING:
+                self.slot = _trace.RING.record(self.group.key, self.group.seq, self.fn,
+                                               _trace.summarize(self.args))
+                self.args = None
+        elif self.slot >= 0:
+            _trace.reopen(self.slot)
         return self.comm
+
+    def end(self) -> None:
+        """The call's message completed (the flight recorder's end time)."""
+        if self.slot >= 0:
+            _trace.end(self.slot)
 
 
 def fast_eligible(g: Any) -> bool:
@@ -90,9 +111,19 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
     group.broken = reason
     group.usable = False
     _runtime.changed()  # caches that assume a healthy group drop it
-    return CollectiveTimeoutError(
+    error = CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
         "call, or died. The group is now unusable; fcoll.abort() ends the job")
+    if _trace.RING:  # every rank's last calls, side by side (printed by the lowest rank)
+        error.flight_record = _trace_report.collect(
+            f"{fn} missed its deadline on group {list(group.ranks)}", report_seconds(seconds))
+    return error
+
+
+def report_seconds(seconds: float) -> float:
+    """How long a report waits for the other ranks' records: the missed deadline, within
+    0.2 to 5 s."""
+    return min(max(seconds, 0.2), 5.0)
 
 
 SPIN_SECONDS = 2e-3  # busy-poll this long before sleeping between polls
@@ -121,8 +152,11 @@ def wait_request(request: Any, call: Call) -> None:
     seconds = call.seconds if call.seconds is not None else float("inf")
     while not request.Test():
         if time.monotonic() - call.start > seconds:
+            _trace.fail(call.slot)
             raise timed_out(call.fn, call.group, seconds, call.group.seq)
         pause = backoff(started, pause)
+        _trace_report.serve()  # a report in progress elsewhere gets this rank's record
+    call.end()
 
 
 def wait_requests(requests: list[Any], call: Call) -> None:
@@ -130,6 +164,7 @@ def wait_requests(requests: list[Any], call: Call) -> None:
     against ``call``'s deadline (`wait_request`)."""
     if call.seconds is None:
         _runtime.mpi().Request.Waitall(requests)
+        call.end()
         return
     for request in requests:
         wait_request(request, call)

@@ -18,7 +18,8 @@ PACKAGE = Path(fc.__file__).resolve().parent
 # Bottom to top; a module belongs to the first layer with a prefix of its name. A module
 # may import its own layer and the layers below, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime")),
+    ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime", "fcoll._trace",
+                 "fcoll._trace_report")),
     ("operations in flight", ("fcoll.work",)),
     ("transport", ("fcoll.backends", "fcoll.gpu.nccl", "fcoll.gpu.aware", "fcoll.gpu.staged")),
     ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._plan")),
@@ -26,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("groups", ("fcoll.group", "fcoll.mesh", "fcoll.subgroups", "fcoll._debug")),
     ("GPU collectives", ("fcoll.gpu.fast", "fcoll.gpu.collectives", "fcoll.gpu.lists", "fcoll.gpu.route")),
     ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),
-    ("on top", ("fcoll.lax", "fcoll.dp", "fcoll.gpu")),
+    ("on top", ("fcoll.lax", "fcoll.dp", "fcoll.gpu", "fcoll.debug")),
     ("public names", ("fcoll.__init__",)),
     ("tooling", ("fcoll.testing", "fcoll.cli", "fcoll.__main__", "fcoll.run")),
 ]

@@ -38,6 +38,7 @@ def allreduce(call: Call, send: np.ndarray, op: Any) -> np.ndarray:
     out = np.empty(send.shape, send.dtype)
     if call.seconds is None:
         comm.Allreduce(send, out, op)
+        call.end()
     else:
         wait_request(comm.Iallreduce(send, out, op), call)
     return out
@@ -48,6 +49,7 @@ def reduce(call: Call, send: np.ndarray, op: Any, root: int) -> np.ndarray | Non
     out = np.empty(send.shape, send.dtype) if comm.Get_rank() == root else None
     if call.seconds is None:
         comm.Reduce(send, out, op, root)
+        call.end()
     else:
         wait_request(comm.Ireduce(send, out, op, root), call)
     return out
@@ -59,6 +61,7 @@ def reduce_scatter_block(call: Call, send: np.ndarray, op: Any) -> np.ndarray:
     out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
     if call.seconds is None:
         comm.Reduce_scatter_block(send, out, op)
+        call.end()
     else:
         wait_request(comm.Ireduce_scatter_block(send, out, op), call)
     return out
@@ -69,6 +72,7 @@ def reduce_scatter(call: Call, send: np.ndarray, counts: Sequence[int], op: Any)
     out = np.empty(counts[comm.Get_rank()], send.dtype)
     if call.seconds is None:
         comm.Reduce_scatter(send, out, list(counts), op)
+        call.end()
     else:
         wait_request(comm.Ireduce_scatter(send, out, list(counts), op), call)
     return out
@@ -78,6 +82,7 @@ def bcast(call: Call, buf: np.ndarray, root: int) -> np.ndarray:
     comm = call.begin()
     if call.seconds is None:
         comm.Bcast([buf, BYTE], root)
+        call.end()
     else:
         wait_request(comm.Ibcast([buf, BYTE], root), call)
     return buf
@@ -112,6 +117,7 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     comm = call.begin()
     if call.seconds is None:
         comm.Allgather([send, BYTE], [out, BYTE])
+        call.end()
     else:
         wait_request(comm.Iallgather([send, BYTE], [out, BYTE]), call)
     return out
@@ -122,6 +128,7 @@ def allgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[i
     comm = call.begin()
     if call.seconds is None:
         comm.Allgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE])
+        call.end()
     else:
         wait_request(comm.Iallgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE]), call)
     return out
@@ -134,11 +141,13 @@ def gatherv(call: Call, send: np.ndarray, out: np.ndarray | None, counts: Sequen
     if comm.Get_rank() != root:
         if call.seconds is None:
             comm.Gatherv([send, BYTE], None, root)
+            call.end()
         else:
             wait_request(comm.Igatherv([send, BYTE], None, root), call)
         return None
     if call.seconds is None:
         comm.Gatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE], root)
+        call.end()
     else:
         wait_request(comm.Igatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE], root), call)
     return out
@@ -151,6 +160,7 @@ def scatterv(call: Call, send: np.ndarray | None, counts: Sequence[int], out: np
     spec = None if send is None else [send, (list(counts), displs(counts)), BYTE]
     if call.seconds is None:
         comm.Scatterv(spec, [out, BYTE], root)
+        call.end()
     else:
         wait_request(comm.Iscatterv(spec, [out, BYTE], root), call)
     return out
@@ -160,6 +170,7 @@ def alltoall(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     comm = call.begin()
     if call.seconds is None:
         comm.Alltoall([send, BYTE], [out, BYTE])
+        call.end()
     else:
         wait_request(comm.Ialltoall([send, BYTE], [out, BYTE]), call)
     return out
@@ -177,6 +188,7 @@ def alltoallv(call: Call,
             [out, (list(recv_counts), displs(recv_counts)), BYTE])
     if call.seconds is None:
         comm.Alltoallv(*spec)
+        call.end()
     else:
         wait_request(comm.Ialltoallv(*spec), call)
     return out
@@ -239,6 +251,7 @@ def barrier(call: Call) -> None:
     comm = call.begin()
     if call.seconds is None:
         comm.Barrier()
+        call.end()
     else:
         wait_request(comm.Ibarrier(), call)
 
@@ -250,6 +263,7 @@ def allgather_ints(call: Call, values: Sequence[int]) -> np.ndarray:
     out = np.empty((comm.Get_size(), send.size), np.int64)
     if call.seconds is None:
         comm.Allgather(send, out)
+        call.end()
     else:
         wait_request(comm.Iallgather(send, out), call)
     return out

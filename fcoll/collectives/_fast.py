@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fcoll import _runtime
+from fcoll import _runtime, _trace
 from fcoll.work import fast_eligible as eligible
 
 if TYPE_CHECKING:
@@ -57,13 +57,23 @@ def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast],
 
 def all_reduce(g: Any, mpi_op: Any) -> Fast:
     comm, empty = g._comm, np.empty
+    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if not x.flags.c_contiguous:
             return None
         g.seq += 1
         out = empty(x.shape, x.dtype)
-        comm.Allreduce(x, out, mpi_op)
+        if calls is None:
+            comm.Allreduce(x, out, mpi_op)
+        else:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "all_reduce", ("numpy", x.shape, x.dtype), clock())
+            ends[i] = 0.0
+            comm.Allreduce(x, out, mpi_op)
+            ends[i] = clock()
         return out
 
     return run
@@ -71,6 +81,7 @@ def all_reduce(g: Any, mpi_op: Any) -> Fast:
 
 def reduce_scatter(g: Any, mpi_op: Any) -> Fast:
     comm, empty, n = g._comm, np.empty, g.size
+    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
@@ -78,7 +89,16 @@ def reduce_scatter(g: Any, mpi_op: Any) -> Fast:
             return None
         g.seq += 1
         out = empty((shape[0] // n, *shape[1:]), x.dtype)
-        comm.Reduce_scatter_block(x, out, mpi_op)
+        if calls is None:
+            comm.Reduce_scatter_block(x, out, mpi_op)
+        else:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", ("numpy", x.shape, x.dtype), clock())
+            ends[i] = 0.0
+            comm.Reduce_scatter_block(x, out, mpi_op)
+            ends[i] = clock()
         return out
 
     return run
@@ -86,6 +106,7 @@ def reduce_scatter(g: Any, mpi_op: Any) -> Fast:
 
 def all_gather(g: Any, byte: Any) -> Fast:
     comm, empty, n = g._comm, np.empty, g.size
+    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
@@ -93,7 +114,16 @@ def all_gather(g: Any, byte: Any) -> Fast:
             return None
         g.seq += 1
         out = empty((shape[0] * n, *shape[1:]), x.dtype)
-        comm.Allgather([x, byte], [out, byte])
+        if calls is None:
+            comm.Allgather([x, byte], [out, byte])
+        else:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "all_gather_into_tensor", ("numpy", x.shape, x.dtype), clock())
+            ends[i] = 0.0
+            comm.Allgather([x, byte], [out, byte])
+            ends[i] = clock()
         return out
 
     return run
@@ -101,6 +131,7 @@ def all_gather(g: Any, byte: Any) -> Fast:
 
 def all_to_all(g: Any, byte: Any) -> Fast:
     comm, empty, n = g._comm, np.empty, g.size
+    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
@@ -108,7 +139,16 @@ def all_to_all(g: Any, byte: Any) -> Fast:
             return None
         g.seq += 1
         out = empty(shape, x.dtype)
-        comm.Alltoall([x, byte], [out, byte])
+        if calls is None:
+            comm.Alltoall([x, byte], [out, byte])
+        else:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "all_to_all_single", ("numpy", x.shape, x.dtype), clock())
+            ends[i] = 0.0
+            comm.Alltoall([x, byte], [out, byte])
+            ends[i] = clock()
         return out
 
     return run
@@ -116,6 +156,7 @@ def all_to_all(g: Any, byte: Any) -> Fast:
 
 def broadcast(g: Any, byte: Any, root: int) -> Fast:
     comm, empty, is_root = g._comm, np.empty, g.rank == root
+    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
     from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
 
     def run(x: np.ndarray) -> np.ndarray | None:
@@ -123,7 +164,16 @@ def broadcast(g: Any, byte: Any, root: int) -> Fast:
             return None  # the full path pipelines large broadcasts
         g.seq += 1
         buf = x.copy() if is_root else empty(x.shape, x.dtype)  # copy(): C order
-        comm.Bcast([buf, byte], root)
+        if calls is None:
+            comm.Bcast([buf, byte], root)
+        else:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "broadcast", ("numpy", x.shape, x.dtype), clock())
+            ends[i] = 0.0
+            comm.Bcast([buf, byte], root)
+            ends[i] = clock()
         return buf
 
     return run

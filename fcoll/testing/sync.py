@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fcoll import _trace_report
 from fcoll.group import Group
 
 _TESTING_DIR = Path(__file__).resolve().parent  # this plugin's own frames are not fcoll's
@@ -93,6 +94,7 @@ class Watchdog:
         self.comm, self.hang_dir, self.emit = comm, hang_dir, emit
         self.stderr = os.dup(2)  # pytest's capture redirects fd 2 during tests, not this one
         self.phase: Phase | None = None
+        self.traces: dict[int, list[Any]] = {}  # the ranks' flight records, from their state files
         self._cond = threading.Condition()
         self._main = threading.get_ident()
         threading.Thread(target=self._run, name="fcoll.testing watchdog", daemon=True).start()
@@ -158,8 +160,9 @@ class Watchdog:
             phase.taken = True
         if self.rank == 0:
             missing, states = self.read_states(phase, {0})
-            self.emit(phase.label, {r: hang_report(phase.label, phase.limit, missing, states, r)
-                                    for r in missing})
+            flight = self.flight_record(phase.label)
+            self.emit(phase.label, {r: hang_report(phase.label, phase.limit, missing, states, r,
+                                                   flight) for r in missing})
         os._exit(HANG_EXIT)  # MPI cannot be called here; mpiexec ends the other ranks
 
     def _write_state(self, phase: Phase, *, finished: bool, state: str) -> None:
@@ -168,7 +171,8 @@ class Watchdog:
         try:
             path = self.hang_dir / f"{phase.index}-rank{self.rank}.json"
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"finished": finished, "state": state}))
+            tmp.write_text(json.dumps({"finished": finished, "state": state,
+                                       "trace": _trace_report.snapshot()}))
             tmp.replace(path)
         except OSError:
             pass
@@ -177,6 +181,7 @@ class Watchdog:
         """The ranks that did not finish (``missing`` plus those whose state file says so)
         and every rank's state as far as the files tell."""
         states: dict[int, str] = {}
+        self.traces = {}
         if self.hang_dir is None:
             return sorted(missing), states
         for rank in range(self.size):
@@ -185,9 +190,17 @@ class Watchdog:
             except (OSError, ValueError):
                 continue
             states[rank] = str(data["state"])
+            self.traces[rank] = [((tuple(e[0][0]), e[0][1]), *e[1:]) for e in data.get("trace", [])]
             if not data["finished"]:
                 missing.add(rank)
         return sorted(missing), states
+
+    def flight_record(self, label: str) -> str:
+        """Every rank's flight record from its state file, side by side (`fcoll.debug`)."""
+        if not self.traces:
+            return ""
+        silent = [r for r in range(self.size) if r not in self.traces]
+        return _trace_report.report(self.traces, silent, f"hang in {label}", 0.0)
 
 
 def _short(state: str) -> str:
@@ -195,7 +208,7 @@ def _short(state: str) -> str:
 
 
 def hang_report(label: str, limit: float, missing: list[int], states: dict[int, str],
-                rank: int) -> str:
+                rank: int, flight: str = "") -> str:
     """The failure text for ``rank``, one of the ``missing`` ranks that did not finish a
     phase in time; its first line is the one-line summary."""
     lines = [f"did not finish within {limit:g} s: {_short(states.get(rank, 'state unknown'))}", "",
@@ -205,6 +218,8 @@ def hang_report(label: str, limit: float, missing: list[int], states: dict[int, 
         lines.append(f"  rank {other}: " + states.get(
             other, "did not report its state (no shared filesystem, or the rank died); "
                    "see its stderr"))
+    if flight:
+        lines += ["", flight]
     lines += ["", "A rank blocked inside a blocking MPI call cannot be interrupted: the job "
               "is ended with MPI_Abort. Set a deadline (fcoll.init(timeout=...)) to turn a "
               "stuck fcoll call into a CollectiveTimeoutError instead."]
@@ -251,8 +266,9 @@ def sync(watch: Watchdog) -> Hang | None:
                     barrier.Wait()
                     break
                 missing, states = watch.read_states(phase, set(range(size)) - arrived)
-                return Hang(missing, {r: hang_report(phase.label, phase.limit, missing, states, r)
-                                      for r in missing})
+                flight = watch.flight_record(phase.label)
+                return Hang(missing, {r: hang_report(phase.label, phase.limit, missing, states, r,
+                                                     flight) for r in missing})
             if now > phase.deadline + 4 * grace:
                 watch.say(f"{phase.label}: rank 0 did not end the job after the hang; aborting it")
                 comm.Abort(HANG_EXIT)
