@@ -2,13 +2,15 @@
 64; ``0`` turns it off), for the reports made when a job stops (`fcoll.debug`).
 
 An entry is made when a call first communicates (`fcoll.work.Call.begin`, and the fast
-paths): ``(group key, call number, op, argument summary, start time)`` (the key: the
-group's ranks and a serial its members agree on, `fcoll.group.Group.key`); its end time
-lives beside it (``0.0`` while in flight, ``-1.0`` once it failed). So an entry's state is
-``sent`` (in flight: a blocking MPI call, an NCCL launch, or a poll), ``completed``, or
-``failed``. Calls that fail their local checks never communicate and keep no number.
+paths): ``(group key, call number, op, argument summary, start time)``, or from a fast path
+``(group key, call number, op, module, shape, dtype, start time)`` (the key: the group's
+ranks and a serial its members agree on, `fcoll.group.Group.key`). Its end time lives
+beside it: older than its start while in flight, ``-1.0`` once it failed. So an entry's
+state is ``sent`` (in flight: a blocking MPI call, an NCCL launch, or a poll), ``completed``,
+or ``failed``. Calls that fail their local checks never communicate and keep no number.
 
-Recording is a tuple and two clock reads per call (about 0.2 us, `bench/trace_overhead.py`).
+Recording is one tuple and two clock reads per call; everything else (formatting, dtype
+names) waits for a report (`bench/trace_overhead.py` measures it).
 The gathering of every rank's record, with a deadline of its own, is in `fcoll._trace_report`.
 """
 
@@ -51,7 +53,6 @@ class Ring:
         self.pos[0] = i + 1
         slot = i & self.mask
         self.calls[slot] = (key, seq, fn, args, time.perf_counter())
-        self.ends[slot] = 0.0
         return slot
 
     def entries(self) -> Iterator[tuple[Any, int, str, Any, float, float]]:
@@ -59,9 +60,12 @@ class Ring:
         total = self.pos[0]
         first = max(total - self.size, 0)
         for i in range(first, total):
-            call = self.calls[i & self.mask]
-            if call is not None:
-                yield (*call, self.ends[i & self.mask])
+            call, ended = self.calls[i & self.mask], self.ends[i & self.mask]
+            if call is None:
+                continue
+            if len(call) == 7:  # a fast path's: (key, seq, fn, module, shape, dtype, start)
+                call = (*call[:3], (call[3], call[4], call[5]), call[6])
+            yield (*call, ended if ended < 0 or ended >= call[-1] else 0.0)
 
 
 RING = Ring(_size())
@@ -79,9 +83,9 @@ Recorder = tuple[Any, list[float], list[int], int, Any, Any]
 def recorder(key: Any) -> Recorder:
     """What a fast path's closure records with, for the group of ``key``: ``(calls, ends,
     pos, mask, key, clock)`` of the ring (``calls`` None when recording is off). A closure
-    records ``calls[i] = (key, seq, op, (module, shape, dtype), clock())`` in slot
-    ``i = pos[0] & mask`` (after ``pos[0] += 1``), ``ends[i] = 0.0``, then ``ends[i] =
-    clock()`` when done."""
+    records ``calls[i] = (key, seq, op, module, shape, dtype, clock())`` in slot
+    ``i = pos[0] & mask`` (after ``pos[0] += 1``), then ``ends[i] = clock()`` when done
+    (an end older than the start means in flight)."""
     ring = RING
     if not ring:
         return None, [], [0], 0, key, time.perf_counter
@@ -90,37 +94,42 @@ def recorder(key: Any) -> Recorder:
 
 def end(slot: int) -> None:
     """The entry in ``slot`` completed now."""
-    if slot >= 0 and RING:
+    if 0 <= slot < RING.size:
         RING.ends[slot] = time.perf_counter()
 
 
 def reopen(slot: int) -> None:
     """The entry in ``slot`` communicates again (a call's next message): in flight."""
-    if slot >= 0 and RING:
+    if 0 <= slot < RING.size:
         RING.ends[slot] = 0.0
 
 
 def fail(slot: int) -> None:
     """The entry in ``slot`` failed (missed its deadline)."""
-    if slot >= 0 and RING:
+    if 0 <= slot < RING.size:
         RING.ends[slot] = -1.0
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
 def summary(value: object) -> object:
-    """What the record keeps of an argument: arrays as ``(module, shape, dtype)``, lists item
-    by item (the first 4), numbers and strings as they are, anything else by type name."""
-    if isinstance(value, (bool, int, float, str)) or value is None:
+    """What the record keeps of an argument: arrays as ``(type, shape, dtype)``, lists item
+    by item (the first 4), numbers, strings and other objects as they are (formatted, and
+    arrays' types named, only for a report)."""
+    if value.__class__ in _PLAIN:
         return value
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
-        return (type(value).__module__.split(".")[0], tuple(shape), str(dtype))
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return (value.__class__, shape, getattr(value, "dtype", None))
     if isinstance(value, (list, tuple)):
         return [summary(v) for v in value[:4]] + (["..."] if len(value) > 4 else [])
-    return type(value).__name__
+    return value
 
 
 def summarize(fields: dict[str, object] | None) -> tuple[tuple[str, object], ...] | None:
     """`summary` of each named argument of a call."""
     if fields is None:
         return None
-    return tuple((name, summary(value)) for name, value in fields.items())
+    return tuple([(name, value if value.__class__ in _PLAIN else summary(value))
+                  for name, value in fields.items()])

@@ -42,7 +42,8 @@ def start(comm_world: Any) -> None:
 def _array(value: object) -> str | None:
     """``float32[4]`` (``cupy float32[4]``) for an array's summary, else None."""
     if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], tuple):
-        module, shape, dtype = value
+        kind, shape, dtype = value
+        module = kind if isinstance(kind, str) else getattr(kind, "__module__", "?").split(".")[0]
         return ("" if module == "numpy" else f"{module} ") + f"{dtype}{list(shape)}"
     return None
 
@@ -217,12 +218,14 @@ def report(records: dict[int, list[Entry]], missing: Sequence[int], reason: str,
     return "\n".join(lines)
 
 
-def collect(reason: str, timeout: float, file: TextIO | None = sys.stderr) -> str:
-    """Gather, format, and write the report to ``file`` on the lowest answering rank."""
+def collect(reason: str, timeout: float, file: TextIO | None = sys.stderr,
+            always: bool = False) -> str:
+    """Gather, format, and write the report to ``file`` on the lowest answering rank (on
+    this rank too when ``always``: one about to end the job)."""
     records, missing = gather(timeout)
     text = report(records, missing, reason, timeout, stale=_STATE["stale"])
     me = _runtime.mpi().COMM_WORLD.Get_rank()
-    if file is not None and me == min(records):
+    if file is not None and (always or me == min(records)):
         file.write(text + "\n")
         file.flush()
     return text

@@ -70,8 +70,7 @@ def all_reduce(g: Any, mpi_op: Any) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", ("numpy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
             comm.Allreduce(x, out, mpi_op)
             ends[i] = clock()
         return out
@@ -95,8 +94,7 @@ def reduce_scatter(g: Any, mpi_op: Any) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", ("numpy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", "numpy", x.shape, x.dtype, clock())
             comm.Reduce_scatter_block(x, out, mpi_op)
             ends[i] = clock()
         return out
@@ -120,8 +118,7 @@ def all_gather(g: Any, byte: Any) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "all_gather_into_tensor", ("numpy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "all_gather_into_tensor", "numpy", x.shape, x.dtype, clock())
             comm.Allgather([x, byte], [out, byte])
             ends[i] = clock()
         return out
@@ -145,8 +142,7 @@ def all_to_all(g: Any, byte: Any) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "all_to_all_single", ("numpy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "all_to_all_single", "numpy", x.shape, x.dtype, clock())
             comm.Alltoall([x, byte], [out, byte])
             ends[i] = clock()
         return out
@@ -170,8 +166,7 @@ def broadcast(g: Any, byte: Any, root: int) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "broadcast", ("numpy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "broadcast", "numpy", x.shape, x.dtype, clock())
             comm.Bcast([buf, byte], root)
             ends[i] = clock()
         return buf

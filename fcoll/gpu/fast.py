@@ -68,7 +68,7 @@ def _parts(g: Any) -> tuple[Any, int, Any, Any, Any]:
 def all_reduce(g: Any, code: int, op: int) -> Fast:
     """``fc.all_reduce(x, op)``: ``ncclAllReduce`` into a fresh array."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: Any) -> Any:
         if type(x) is not nd or not x._c_contiguous or x.data.device_id != dev or current() != dev:
@@ -78,8 +78,7 @@ def all_reduce(g: Any, code: int, op: int) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", ("cupy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "all_reduce", "cupy", x.shape, x.dtype, clock())
         out = nd(x.shape, x.dtype)
         comm.allReduce(x.data.ptr, out.data.ptr, x.size, code, op, stream().ptr)
         return out
@@ -90,7 +89,7 @@ def all_reduce(g: Any, code: int, op: int) -> Fast:
 def reduce_scatter(g: Any, code: int, op: int) -> Fast:
     """``fc.reduce_scatter_tensor(x, op)`` along axis 0: ``ncclReduceScatter``."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
     n = g.size
 
     def run(x: Any) -> Any:
@@ -102,8 +101,7 @@ def reduce_scatter(g: Any, code: int, op: int) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", ("cupy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", "cupy", x.shape, x.dtype, clock())
         out = nd((x.shape[0] // n, *x.shape[1:]), x.dtype)
         comm.reduceScatter(x.data.ptr, out.data.ptr, out.size, code, op, stream().ptr)
         return out
@@ -114,7 +112,7 @@ def reduce_scatter(g: Any, code: int, op: int) -> Fast:
 def all_gather(g: Any) -> Fast:
     """``fc.all_gather_into_tensor(x)`` along axis 0: ``ncclAllGather`` of the bytes."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
     n = g.size
 
     def run(x: Any) -> Any:
@@ -126,8 +124,7 @@ def all_gather(g: Any) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "all_gather_into_tensor", ("cupy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "all_gather_into_tensor", "cupy", x.shape, x.dtype, clock())
         out = nd((n * x.shape[0], *x.shape[1:]), x.dtype)
         comm.allGather(x.data.ptr, out.data.ptr, x.nbytes, UINT8, stream().ptr)
         return out
@@ -138,7 +135,7 @@ def all_gather(g: Any) -> Fast:
 def all_to_all(g: Any, nccl: Any) -> Fast:
     """``fc.all_to_all_single(x)`` with even splits: grouped ``ncclSend``/``ncclRecv``."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
     n, start, end = g.size, nccl.groupStart, nccl.groupEnd
 
     def run(x: Any) -> Any:
@@ -150,8 +147,7 @@ def all_to_all(g: Any, nccl: Any) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "all_to_all_single", ("cupy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "all_to_all_single", "cupy", x.shape, x.dtype, clock())
         out = nd(x.shape, x.dtype)
         block, src, dst, s = x.nbytes // n, x.data.ptr, out.data.ptr, stream().ptr
         if block:
@@ -170,7 +166,7 @@ def all_to_all(g: Any, nccl: Any) -> Fast:
 def broadcast(g: Any, root: int) -> Fast:
     """``fc.broadcast(x, src)``: ``ncclBroadcast`` from ``x`` into a fresh array."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: Any) -> Any:
         if type(x) is not nd or not x._c_contiguous or x.data.device_id != dev or current() != dev:
@@ -180,8 +176,7 @@ def broadcast(g: Any, root: int) -> Fast:
             i = pos[0]
             pos[0] = i + 1
             i &= mask
-            calls[i] = (ranks, g.seq, "broadcast", ("cupy", x.shape, x.dtype), clock())
-            ends[i] = 0.0
+            calls[i] = (ranks, g.seq, "broadcast", "cupy", x.shape, x.dtype, clock())
         out = nd(x.shape, x.dtype)
         if x.nbytes:
             comm.broadcast(x.data.ptr, out.data.ptr, x.nbytes, UINT8, root, stream().ptr)
