@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import runpy
 import sys
+import time
 import traceback
 
 from fcoll import _trace_report
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
         sys.stderr.flush()
         _flight_record(rank, text.strip().splitlines()[-1])
+        time.sleep(0.2)  # the launcher forwards what was written before the abort kills it
         abort(1)
 
 
@@ -43,7 +45,8 @@ def _flight_record(rank: int, error: str) -> None:
     """Before the abort: every answering rank's last calls, printed by the lowest of them
     (`fcoll.debug`); nothing when fcoll never started or a timeout already printed them."""
     if _trace_report._COMM and "CollectiveTimeoutError" not in error:
-        _trace_report.collect(f"python -m fcoll.run: rank {rank} raised {error[:80]}", 5.0)
+        _trace_report.collect(f"python -m fcoll.run: rank {rank} raised {error[:80]}", 5.0,
+                              always=True)
 
 
 if __name__ == "__main__":

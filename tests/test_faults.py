@@ -49,6 +49,25 @@ def test_silent_rank_times_out(tmp_path):
     assert code != 0 and took < 20
     assert "CollectiveTimeoutError" in out and "all_reduce (call #1 on the group)" in out
     assert "1 s deadline on group ranks [0, 1]" in out
+    # the flight record: rank 0's call, rank 1 asleep outside fcoll (no answer)
+    assert "fcoll flight record (all_reduce missed its deadline on group [0, 1])" in out, out
+    assert "no answer within 1 s from rank(s) 1" in out, out
+
+
+def test_an_aborting_rank_prints_the_flight_record(tmp_path):
+    code, out, took = _job(tmp_path, """
+        fc.init(timeout=10.0)
+        for _ in range(2):
+            fc.all_reduce(np.ones(3))
+        if fc.get_rank() == 1:
+            raise ValueError("rank 1 gives up")
+        fc.all_reduce(np.ones(3))     # rank 0 waits, answering the report
+    """)
+    assert code != 0 and took < 30, out
+    assert "fcoll flight record (python -m fcoll.run: rank 1 raised ValueError: rank 1 gives up)" \
+        in out, out
+    assert "first difference at call #3: rank 0 made all_reduce float64[3]; rank 1 made no call #3 " \
+        "(last: #2 all_reduce)" in out, out
 
 
 @pytest.mark.smoke

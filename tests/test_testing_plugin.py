@@ -177,6 +177,9 @@ def test_hang_on_other_ranks_is_reported_by_rank_0(tmp_path):
                "all_reduce (call #1 on group ranks [0, 1, 2])" in job.out, job.out
     assert "not finished within the 2 s limit (mpi_timeout) on ranks [1, 2]" in job.out, job.out
     assert "called at test_f.py:6 in test_hang: `fc.all_reduce(np.ones(1))`" in job.out, job.out
+    assert "fcoll flight record (hang in test_f.py::test_hang)" in job.out, job.out
+    assert "first difference at call #1: ranks 1, 2 made all_reduce float64[1]; rank 0 made no " \
+           "call #1 (last: none)" in job.out, job.out
 
 
 def test_collective_timeout_fails_the_test_and_stops_the_session(tmp_path):
