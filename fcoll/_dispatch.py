@@ -14,21 +14,20 @@ that are not exactly ``numpy.ndarray``).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from fcoll import _runtime
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
+from fcoll.gpu.settings import ENV, TRANSPORTS, aware, forget, mpi_for_device, transport
 
-TRANSPORTS = ("auto", "nccl", "mpi")
-ENV = "FCOLL_GPU_TRANSPORT"
-_AWARE: list[bool] = []  # the probe's answer, asked once per process
-_SETTING: list[Literal["auto", "nccl", "mpi"]] = []  # FCOLL_GPU_TRANSPORT, read once
+__all__ = ["ENV", "TRANSPORTS", "any_cupy", "aware", "backend_for", "device", "device_list",
+           "forget", "gpu_backend", "is_cupy", "mpi_for_device", "transport"]
+
 
 
 def is_cupy(x: object) -> bool:
@@ -53,48 +52,6 @@ def any_cupy(xs: object, fn: str, name: str) -> bool:
                             f"got {type(x).__module__}.{type(x).__name__}; numpy and cupy arrays "
                             "cannot be mixed in one call")
     return True
-
-
-def transport() -> Literal["auto", "nccl", "mpi"]:
-    """The value of ``FCOLL_GPU_TRANSPORT`` (``auto`` when unset); `ValueError` if unknown.
-
-    Read once (the GPU path's per-call cost matters); `forget` makes the next call read it
-    again."""
-    if _SETTING:
-        return _SETTING[0]
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in TRANSPORTS:
-        raise ValueError(f"{ENV}: expected one of {list(TRANSPORTS)}, got {value!r}")
-    _SETTING.append(value)  # type: ignore[arg-type]
-    return _SETTING[0]
-
-
-def forget() -> None:
-    """Read ``FCOLL_GPU_TRANSPORT`` again, probe CUDA-aware MPI again and look for NCCL again
-    at the next GPU call (`fcoll.init` does this; so do tests that change the setting)."""
-    from fcoll.gpu import nccl
-
-    _SETTING.clear()
-    _AWARE.clear()
-    nccl.forget()
-
-
-def aware() -> bool:
-    """Whether MPI takes device buffers (`fcoll.gpu.probe.cuda_aware_mpi`; None counts as
-    False), asked once per process."""
-    if not _AWARE:
-        from fcoll.gpu.probe import cuda_aware_mpi
-
-        _AWARE.append(bool(cuda_aware_mpi()))
-    return _AWARE[0]
-
-
-def mpi_for_device() -> Backend:
-    """The MPI backend for cupy arrays: CUDA-aware where the probe says so, else staged."""
-    from fcoll.gpu import aware as cuda_aware
-    from fcoll.gpu import staged
-
-    return cuda_aware if aware() else staged
 
 
 def gpu_backend(group: Any = None) -> Backend:

@@ -40,10 +40,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def _gpu_transport_read_afresh() -> None:
     """fcoll reads FCOLL_GPU_TRANSPORT once per process; tests that set it (monkeypatch)
     need it read again, and fast paths learned under another setting dropped."""
-    from fcoll import _dispatch
-    from fcoll.gpu import fast
+    from fcoll.gpu import fast, settings
 
-    _dispatch._SETTING.clear()
+    settings._SETTING.clear()
     fast.reset()
 
 

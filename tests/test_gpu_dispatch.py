@@ -17,7 +17,7 @@ from fcoll import _dispatch
 from fcoll._plan import V2_10, NcclPlan, nccl_plan
 from fcoll.backends import mpi as host
 from fcoll.gpu import probe as _probe
-from fcoll.gpu import staged
+from fcoll.gpu import settings, staged
 from fcoll.gpu.nccl import DATATYPES
 from fcoll.ops import NcclOp
 from tests.helpers import ALL_DTYPES, data, reference
@@ -93,7 +93,7 @@ def test_forced_mpi_transport_never_loads_nccl(monkeypatch):
         pytest.skip("cupy's NCCL was loaded before this test (a GPU machine, or the stand-in)")
     monkeypatch.setenv(_dispatch.ENV, "mpi")
     monkeypatch.setenv(_probe.AWARE_ENV, "0")
-    monkeypatch.setattr(_dispatch, "_AWARE", [])
+    monkeypatch.setattr(settings, "_AWARE", [])
     assert _dispatch.gpu_backend() is staged and "cupy.cuda.nccl" not in sys.modules
 
 
@@ -101,7 +101,7 @@ def test_cuda_aware_mpi_gets_device_buffers(monkeypatch, fake_cupy):
     from fcoll.gpu import aware
 
     monkeypatch.setenv(_dispatch.ENV, "mpi")
-    monkeypatch.setattr(_dispatch, "_AWARE", [True])
+    monkeypatch.setattr(settings, "_AWARE", [True])
     assert _dispatch.backend_for(fake_cupy(), None) is aware
     assert _dispatch.device_list([fake_cupy()], None, "f", "xs") is aware
 

@@ -18,7 +18,8 @@ import optree
 import pytest
 
 import fcoll as fc
-from fcoll import _dispatch, dp, lax
+from fcoll import dp, lax
+from fcoll.gpu import settings
 from tests import jobs
 from tests.helpers import data
 from tests.test_gpu import REASON, _local_size
@@ -63,7 +64,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         if not cuda_aware_mpi():
             pytest.skip("MPI is not CUDA-aware")
     monkeypatch.setenv("FCOLL_GPU_TRANSPORT", "mpi")
-    monkeypatch.setattr(_dispatch, "_AWARE", [request.param == "aware"])
+    monkeypatch.setattr(settings, "_AWARE", [request.param == "aware"])
     return str(request.param)
 
 

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("operations in flight", ("fcoll.work",)),
     ("transport", ("fcoll.backends", "fcoll.gpu.nccl", "fcoll.gpu.aware", "fcoll.gpu.staged")),
     ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._plan")),
-    ("dispatch", ("fcoll._dispatch", "fcoll.gpu.probe", "fcoll._tree")),
+    ("dispatch", ("fcoll.gpu.settings", "fcoll._dispatch", "fcoll.gpu.probe", "fcoll._tree")),
     ("groups", ("fcoll.group", "fcoll.mesh", "fcoll.subgroups", "fcoll._debug")),
     ("GPU collectives", ("fcoll.gpu.fast", "fcoll.gpu.collectives", "fcoll.gpu.lists", "fcoll.gpu.route")),
     ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),

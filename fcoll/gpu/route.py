@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from fcoll import _debug, _runtime
-from fcoll._dispatch import mpi_for_device, transport
 from fcoll._validate import check_count, check_rank, check_same_dtype
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype, dtype_from_name
 from fcoll.gpu import aware, collectives, lists, nccl, staged
+from fcoll.gpu.settings import mpi_for_device, transport
 from fcoll.group import Group, member, resolve_group
 from fcoll.work import Call
 
