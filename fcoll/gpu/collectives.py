@@ -34,8 +34,9 @@ from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype
 from fcoll.gpu import fast, nccl
+from fcoll.gpu.events import event_work
 from fcoll.group import Group, member
-from fcoll.work import Call, event_work
+from fcoll.work import Call
 
 
 def cp() -> Any:

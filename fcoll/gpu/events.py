@@ -1,0 +1,51 @@
+"""Async handles for GPU work: a `fcoll.work.Work` over a CUDA event recorded after the work
+enqueued on the current stream (``async_op=True`` on the NCCL path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fcoll.work import Operation, Work
+
+
+class EventOperation(Operation):
+    """GPU work enqueued on a stream, marked by a CUDA event recorded after it.
+
+    Completing it never blocks the host: the current stream waits on the event.
+    """
+
+    def __init__(self, name: str, group: Any, event: Any, value: Any) -> None:
+        super().__init__(name, group)
+        self._event = event
+        self._value = value
+
+    def _advance(self) -> bool:
+        if self._event.done:  # cudaEventQuery: never blocks
+            self.value = self._value
+            return True
+        return False
+
+    def finish(self, timeout: float | None) -> Any:
+        """Make cupy's current stream wait for the event, and return the result at once."""
+        if not self.done:
+            import cupy
+
+            cupy.cuda.get_current_stream().wait_event(self._event)
+            self.value = self._value
+            self._complete()
+        return self.value
+
+
+def event_work(name: str, group: Any, value: Any) -> Work:
+    """A `Work` for GPU work just enqueued on the current stream, with result ``value``.
+
+    Example:
+        >>> work = event_work("all_reduce", g, out)     # after enqueueing into out
+        >>> work.wait() is out                          # the stream now waits on the event
+        True
+    """
+    import cupy
+
+    event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+    event.record(cupy.cuda.get_current_stream())
+    return Work(EventOperation(name, group, event, value))
