@@ -161,6 +161,23 @@ def test_stuck_nccl_work_times_out_and_aborts(group, cp, stuck, name):
         fc.all_reduce(x, group=g)
 
 
+def test_waiting_on_stuck_async_nccl_work_with_a_timeout(group, cp, stuck):
+    """No deadline on the call: ``Work.wait(timeout=...)`` polls the work's CUDA event on
+    the host and, once late, aborts the communicator and raises on every rank."""
+    g = fc.new_group(list(group.members))
+    x = _x(cp, g.size)
+    fc.all_reduce(x, group=g)
+    comm = g.nccl
+    with stuck():
+        work = fc.all_reduce(x, group=g, async_op=True)  # returns at once: no deadline
+        started = time.monotonic()
+        with parallel_raises(fc.CollectiveTimeoutError, on="all", group=group.arg,
+                             match=r"^all_reduce \(call #2 on the group\)"):
+            work.wait(timeout=DEADLINE)
+    assert DEADLINE <= time.monotonic() - started < DEADLINE + 2.5
+    assert g.nccl is None and not g.usable and (not _fake() or comm.aborted)
+
+
 def test_stuck_nccl_work_times_out_under_the_default_deadline(group, cp, stuck):
     """``fc.init(timeout=...)`` applies to a group without a deadline of its own."""
     g = fc.new_group(list(group.members))

@@ -3,9 +3,11 @@ enqueued on the current stream (``async_op=True`` on the NCCL path)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from fcoll.work import Operation, Work
+from fcoll.gpu import nccl
+from fcoll.work import Operation, Work, backoff, timed_out
 
 
 class EventOperation(Operation):
@@ -26,14 +28,29 @@ class EventOperation(Operation):
         return False
 
     def finish(self, timeout: float | None) -> Any:
-        """Make cupy's current stream wait for the event, and return the result at once."""
+        """Make cupy's current stream wait for the event, and return the result at once.
+
+        With a ``timeout`` (``Work.wait(timeout=...)``, or a default deadline), the host
+        polls the event instead, as a blocking call under a deadline does
+        (`fcoll.gpu.nccl.wait`): past the timeout it aborts the group's NCCL communicator
+        and raises `fcoll.work.CollectiveTimeoutError`."""
         if not self.done:
             import cupy
 
+            if timeout is not None:
+                self._poll_until(timeout)
             cupy.cuda.get_current_stream().wait_event(self._event)
             self.value = self._value
             self._complete()
         return self.value
+
+    def _poll_until(self, timeout: float) -> None:
+        pause, started = 1e-5, time.monotonic()
+        while not self._event.done:  # cudaEventQuery: never blocks
+            if time.monotonic() - started > timeout:
+                nccl.abort(self.group)
+                raise timed_out(self.name, self.group, timeout, self.seq)
+            pause = backoff(started, pause)
 
 
 def event_work(name: str, group: Any, value: Any) -> Work:
