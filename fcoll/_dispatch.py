@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fcoll import _runtime
-from fcoll.backends import Backend
+from fcoll.backends import Backend, interop
 from fcoll.backends import mpi as host
 from fcoll.gpu.settings import ENV, TRANSPORTS, aware, forget, mpi_for_device, transport
 
@@ -86,15 +86,22 @@ def backend_for(x: object, group: Any = None) -> Backend:
 
 
 def device(x: object, group: Any = None) -> Backend | None:
-    """The device backend for ``x``, or None for a host array (the public functions'
-    first question: ``if type(x) is not np.ndarray and (on := device(x, group))``)."""
-    return gpu_backend(group) if is_cupy(x) else None
+    """The backend for ``x`` when it is not a numpy array, or None (the public functions'
+    first question: ``if type(x) is not np.ndarray and (on := device(x, group))``): the
+    GPU backend for cupy, `fcoll.backends.interop` for torch tensors and JAX arrays."""
+    if is_cupy(x):
+        return gpu_backend(group)
+    return interop if interop.kind(x) is not None else None
 
 
 def device_list(xs: object, group: Any, fn: str, name: str) -> Backend | None:
-    """`device` for a list argument: None for lists of host arrays; `TypeError` naming the
-    entry if it mixes host and device arrays."""
-    return gpu_backend(group) if any_cupy(xs, fn, name) else None
+    """`device` for a list argument: None for lists of numpy arrays; `TypeError` naming the
+    entry if it mixes numpy and cupy arrays (`fcoll.backends.interop` checks torch/JAX)."""
+    if any_cupy(xs, fn, name):
+        return gpu_backend(group)
+    if isinstance(xs, (list, tuple)) and any(interop.kind(x) is not None for x in xs):
+        return interop
+    return None
 
 
 _runtime.on_change(forget)  # fcoll.init re-reads the settings

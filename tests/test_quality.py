@@ -42,20 +42,23 @@ def test_docs_build_strict(tmp_path):
     assert (tmp_path / "site" / "api" / "index.html").exists()
 
 
-def test_import_does_not_import_cupy():
-    code = "import sys, fcoll; assert 'cupy' not in sys.modules; print(fcoll.__all__)"
+def test_import_does_not_import_cupy_torch_or_jax():
+    code = ("import sys, fcoll\n"
+            "for name in ('cupy', 'torch', 'jax'): assert name not in sys.modules, name\n"
+            "print(fcoll.__all__)")
     done = _run(sys.executable, "-c", code)
     assert done.returncode == 0, done.stderr
 
 
-def test_numpy_calls_do_not_import_cupy():
+def test_numpy_calls_do_not_import_cupy_torch_or_jax():
     code = ("import sys, numpy as np, fcoll as fc\n"
             "x = np.arange(4.0)\n"
             "fc.all_reduce(x); fc.all_reduce(x, async_op=True).wait(); fc.broadcast(x)\n"
             "fc.all_gather(x); fc.all_to_all([x]); fc.scatter([x]); fc.gather(x)\n"
             "fc.reduce_scatter([x]); fc.all_reduce_coalesced([x]); fc.permute_tensor(x, [0])\n"
             "fc.all_gather_into_tensor(x); fc.all_to_all_single(x); fc.reduce_scatter_tensor(x)\n"
-            "assert 'cupy' not in sys.modules, 'cupy imported'")
+            "lax = fc.lax; fc.dp.average_gradients({'w': x})\n"
+            "for name in ('cupy', 'torch', 'jax'): assert name not in sys.modules, name")
     done = _run(sys.executable, "-c", code)
     assert done.returncode == 0, done.stderr
 

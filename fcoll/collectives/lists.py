@@ -13,6 +13,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import device, device_list, gpu_backend
 from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
+from fcoll.backends import interop
 from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dtypes import as_bytes, dtype_from_name
@@ -80,6 +81,8 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
     """
     fn = "scatter"
     if (on := device_list(chunks, group, fn, "chunks")) is not None:
+        if on is interop:
+            return interop.run(scatter, fn, chunks, src, group)  # type: ignore[no-any-return]
         return route.scatter(on, chunks, src, group)  # type: ignore[no-any-return]
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, src=src):

@@ -24,7 +24,7 @@ import numpy as np
 
 from fcoll import _debug, _runtime
 from fcoll._validate import check_count, check_rank, check_same_dtype
-from fcoll.backends import Backend
+from fcoll.backends import Backend, interop
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype, dtype_from_name
 from fcoll.gpu import aware, collectives, lists, nccl, staged
@@ -72,6 +72,8 @@ def run(backend: Backend, name: str, numpy_fn: Callable[..., R], *args: Any, **k
     ``numpy_fn`` is the public function itself, which staging calls on host copies; the
     group travels as the keyword ``group`` (`choose` reads it).
     """
+    if backend is interop:  # torch tensors, JAX arrays: as numpy or cupy, and back
+        return interop.run(numpy_fn, name, *args, **kwargs)  # type: ignore[no-any-return]
     group = kwargs.get("group")
     backend = choose(backend, name, args[0] if args else None, group)
     impl = TABLES[backend.NAME].get(name)
