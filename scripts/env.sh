@@ -16,7 +16,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e "$root[$mpi,test,bench,docs,examples]"
+  # torch and JAX (CPU builds) for the array-type tests (tests/test_interop.py). PyPI's
+  # plain torch is a CUDA build of several GB; the project's machines have the CPU wheel of
+  # torch 2.13.0 on disk (elsewhere: pip install torch --index-url .../whl/cpu).
+  "$venv/bin/python" -m pip install -q -e "$root[$mpi,test,bench,docs,examples]" "torch==2.13.0" "jax>=0.4.30"
   touch "$stamp"
 fi
 PY="$venv/bin/python"
