@@ -11,15 +11,17 @@ leaves raises `TypeError` naming the first leaf of the wrong kind, before anythi
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import optree
 
 from fcoll._dispatch import is_cupy
+from fcoll.backends import interop
 
 Array = Any  # a numpy.ndarray or a cupy.ndarray (cupy has no type stubs)
 ALIGN = 16  # byte alignment of each leaf in a packed buffer (GPU loads need aligned data)
@@ -107,3 +109,38 @@ def unpack(buf: Array, like: Sequence[Array]) -> list[Array]:
     offsets, _ = _offsets(like)
     return [buf[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
             for a, offset in zip(like, offsets, strict=True)]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def foreign_leaves(fn: F) -> F:
+    """Let ``fn`` (whose first argument is a pytree) take trees of torch tensors or JAX
+    arrays: their leaves are seen as numpy or cupy arrays (`fcoll.backends.interop`), and the
+    result's array leaves come back as the input's type and device. A tree mixing them with
+    other arrays raises `TypeError` naming the leaf, before anything is sent.
+
+    Example:
+        >>> psum = foreign_leaves(psum)
+        >>> psum({"w": jnp.ones(2)}, "dp")          # 2 ranks along "dp"
+        {'w': Array([2., 2.], dtype=float32)}
+    """
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(x: Any, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = optree.tree_flatten(x)
+        first = next((i for i, leaf in enumerate(leaves) if interop.kind(leaf)), None)
+        if first is None:
+            return fn(x, *args, **kwargs)
+        like = leaves[first]
+        for i, leaf in enumerate(leaves):
+            if getattr(leaf, "shape", None) is not None and interop.kind(leaf) != interop.kind(like):
+                raise TypeError(f"{name}: expected {_leaf_name(x, i)} to be a {kind(like)} like "
+                                f"{_leaf_name(x, first)}, got {kind(leaf)}; array types cannot be "
+                                "mixed in one call")
+        native = [interop.to_native(leaf, name, _leaf_name(x, i)) for i, leaf in enumerate(leaves)]
+        out = fn(optree.tree_unflatten(spec, native), *args, **kwargs)
+        return optree.tree_map(lambda y: interop.back(y, like), out)
+
+    return wrapper  # type: ignore[return-value]

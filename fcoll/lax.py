@@ -5,7 +5,8 @@ or a tuple of names) like ``jax.lax`` under ``shard_map``, maps over a pytree, a
 the leaves in fused messages (one per dtype for reductions, one in all for movement).
 Shapes follow JAX: `all_gather` stacks along a new axis unless ``tiled=True``.
 A tree of cupy arrays is reshaped and packed with cupy and stays on its device (over
-NCCL where that is the transport); numpy and cupy leaves in one tree raise `TypeError`.
+NCCL where that is the transport); a tree of JAX arrays or torch tensors gives one of the
+same type back (`fcoll._tree.foreign_leaves`); array types mixed in one tree raise `TypeError`.
 
 Example:
     >>> with fc.Mesh((2, 2), ("dp", "tp")):
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import optree
 
-from fcoll._tree import Array, array_module, pack, unpack
+from fcoll._tree import Array, array_module, foreign_leaves, pack, unpack
 from fcoll.collectives import (
     all_gather_into_tensor_coalesced,
     all_reduce_coalesced,
@@ -55,6 +56,7 @@ def _reduce(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
     return optree.tree_unflatten(spec, all_reduce_coalesced(leaves, op, g))
 
 
+@foreign_leaves
 def psum(x: Any, axis_name: AxisName) -> Any:
     """Sum of ``x`` (a pytree) over the ranks along ``axis_name``.
 
@@ -66,6 +68,7 @@ def psum(x: Any, axis_name: AxisName) -> Any:
     return _reduce(x, axis_name, "sum", "psum")
 
 
+@foreign_leaves
 def pmean(x: Any, axis_name: AxisName) -> Any:
     """Mean of ``x`` (a pytree of floating arrays) along ``axis_name``.
 
@@ -77,6 +80,7 @@ def pmean(x: Any, axis_name: AxisName) -> Any:
     return _reduce(x, axis_name, "avg", "pmean")
 
 
+@foreign_leaves
 def pmax(x: Any, axis_name: AxisName) -> Any:
     """Elementwise maximum of ``x`` along ``axis_name``.
 
@@ -88,6 +92,7 @@ def pmax(x: Any, axis_name: AxisName) -> Any:
     return _reduce(x, axis_name, "max", "pmax")
 
 
+@foreign_leaves
 def pmin(x: Any, axis_name: AxisName) -> Any:
     """Elementwise minimum of ``x`` along ``axis_name``.
 
@@ -127,6 +132,7 @@ def _axis(value: int, ndim: int, fn: str, name: str) -> int:
     return value % ndim
 
 
+@foreign_leaves
 def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False) -> Any:
     """Every rank's ``x`` along ``axis_name``, stacked on a new axis ``axis`` (JAX's
     default), or concatenated along ``axis`` when ``tiled=True``.
@@ -153,6 +159,7 @@ def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = Fals
     return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
 
 
+@foreign_leaves
 def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
                  tiled: bool = False) -> Any:
     """Sum along ``axis_name``, then keep this rank's block of ``scatter_dimension``.
@@ -195,6 +202,7 @@ def _exchange(leaves: list[Array], g: Group, split: list[int],
     return [[by_rank[p][j] for p in range(n)] for j in range(len(blocks))]
 
 
+@foreign_leaves
 def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *,
                tiled: bool = False) -> Any:
     """Split each leaf along ``split_axis`` into one block per rank, send block ``i`` to
@@ -242,6 +250,7 @@ def _all_to_all_plan(leaf: Array, n: int, split_axis: int, concat_axis: int,
     return concat, split + 1, concat, True
 
 
+@foreign_leaves
 def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
     """Send ``x`` from ``src`` to ``dst`` for each ``(src, dst)`` in ``perm`` (indices along
     ``axis_name``); ranks that receive nothing get zeros.
@@ -267,6 +276,7 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
                                               leaves))
 
 
+@foreign_leaves
 def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:
     """`ppermute` with ``perm[i]`` = the index whose ``x`` rank ``i`` receives.
 

@@ -172,3 +172,36 @@ def test_mixing_array_types_names_the_argument_before_sending(kind: str, group: 
                                         r"got numpy\.ndarray"):
         fc.all_reduce_coalesced([x, np.ones(2, np.float32)], group=group.arg)
     same(kind, fc.all_reduce(x, group=group.arg), np.full(2, group.size, np.float32))
+
+
+LAX: dict[str, Callable[[int], Callable[[Any], Any]]] = {
+    "psum": lambda n: lambda t: fc.lax.psum(t, "x"),
+    "pmean": lambda n: lambda t: fc.lax.pmean(t, "x"),
+    "pmax": lambda n: lambda t: fc.lax.pmax(t, "x"),
+    "all_gather": lambda n: lambda t: fc.lax.all_gather(t, "x"),
+    "all_gather tiled": lambda n: lambda t: fc.lax.all_gather(t, "x", tiled=True),
+    "psum_scatter": lambda n: lambda t: fc.lax.psum_scatter(t, "x", tiled=True),
+    "ppermute": lambda n: lambda t: fc.lax.ppermute(t, "x", [(i, (i + 1) % n) for i in range(n)]),
+}
+
+
+@pytest.mark.parametrize("name", list(LAX))
+def test_lax_on_trees_of_tensors_gives_the_same_type_back(kind: str, world_size: int, rank: int,
+                                                           name: str) -> None:
+    tree = {"w": data(rank, (2 * world_size, 3), np.float32, 11),
+            "b": [data(rank, (world_size,), np.float32, 12), data(rank, (world_size, 2), np.int32, 13)]}
+    call = LAX[name](world_size)
+    with fc.Mesh((world_size,), ("x",)):
+        if name == "pmean":
+            tree["b"] = tree["b"][:1]  # pmean takes floating leaves
+        want = call(tree)
+        got = call({"w": to_kind(tree["w"], kind), "b": [to_kind(b, kind) for b in tree["b"]]})
+    same(kind, got["w"], want["w"])
+    for g, w in zip(got["b"], want["b"], strict=True):
+        same(kind, g, w)
+
+
+def test_lax_refuses_a_tree_mixing_array_types(kind: str, world_size: int) -> None:
+    with fc.Mesh((world_size,), ("x",)), pytest.raises(
+            TypeError, match=r"psum: expected leaf \['b'\] to be a .* like leaf \['a'\], got numpy"):
+        fc.lax.psum({"a": to_kind(np.ones(2, np.float32), kind), "b": np.ones(2)}, "x")
