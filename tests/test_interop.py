@@ -205,3 +205,31 @@ def test_lax_refuses_a_tree_mixing_array_types(kind: str, world_size: int) -> No
     with fc.Mesh((world_size,), ("x",)), pytest.raises(
             TypeError, match=r"psum: expected leaf \['b'\] to be a .* like leaf \['a'\], got numpy"):
         fc.lax.psum({"a": to_kind(np.ones(2, np.float32), kind), "b": np.ones(2)}, "x")
+
+
+DP: dict[str, Callable[[G], Callable[[Any], Any]]] = {
+    "average_gradients": lambda g: lambda t: fc.dp.average_gradients(t, g.arg, bucket_cap_mb=0),
+    "average_parameters": lambda g: lambda t: fc.dp.average_parameters(t, g.arg),
+    "broadcast_parameters": lambda g: lambda t: fc.dp.broadcast_parameters(t, g.size - 1, g.arg),
+}
+
+
+@pytest.mark.parametrize("name", list(DP))
+def test_dp_on_trees_of_tensors_gives_the_same_type_back(kind: str, group: G, name: str) -> None:
+    tree = {"w": data(group.rank, (3, 2), np.float32, 21), "b": [data(group.rank, (4,), np.float32, 22)],
+            "h": data(group.rank, (2,), BF16, 23)}
+    call = DP[name](group)
+    want = call(tree)
+    got = call({"w": to_kind(tree["w"], kind), "b": [to_kind(tree["b"][0], kind)],
+                "h": to_kind(tree["h"], kind)})
+    same(kind, got["w"], want["w"])
+    same(kind, got["b"][0], want["b"][0])
+    same(kind, got["h"], want["h"])
+
+
+def test_dp_checks_tensor_parameters_and_refuses_mixed_trees(kind: str, group: G) -> None:
+    params = {"w": to_kind(np.ones((2, 2), np.float32), kind)}
+    fc.dp.check_parameters(params, group.arg)  # equal on every rank: no error
+    with pytest.raises(TypeError, match=r"average_gradients: expected leaf \['b'\] to be a .* like "
+                                        r"leaf \['a'\], got numpy\.ndarray"):
+        fc.dp.average_gradients({"a": params["w"], "b": np.ones(2)}, group.arg)

@@ -24,7 +24,7 @@ import optree
 
 from fcoll import _debug
 from fcoll._plan import reduction_plan
-from fcoll._tree import Array, array_module, kind, path_name
+from fcoll._tree import Array, array_module, foreign_leaves, kind, path_name
 from fcoll.collectives import all_reduce, nonblocking
 from fcoll.dp.buckets import Bucket, Buckets, Done
 from fcoll.dp.join import Joiner
@@ -338,6 +338,7 @@ class GradientAverager:
         return Work(Buckets(resolve_group(self.group, "average_gradients"), launched))
 
 
+@foreign_leaves
 def average_gradients(grads: Any, group: GroupArg = None, *, bucket_cap_mb: float = 25,
                       compression: str | None = None) -> Any:
     """A new pytree of the mean over ranks of every gradient leaf, fused into buckets.

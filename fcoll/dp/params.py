@@ -12,12 +12,13 @@ import numpy as np
 import optree
 
 from fcoll._dispatch import is_cupy
-from fcoll._tree import array_module, pack, path_name, unpack
+from fcoll._tree import array_module, foreign_leaves, pack, path_name, unpack
 from fcoll.collectives import all_reduce_coalesced, broadcast
 from fcoll.group import GroupArg
 from fcoll.objects import all_gather_object
 
 
+@foreign_leaves
 def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> Any:
     """A new pytree equal to group rank ``src``'s ``params`` on every rank.
 
@@ -38,6 +39,7 @@ def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> A
     return optree.tree_unflatten(spec, unpack(broadcast(pack(leaves, xp), src, group), leaves))
 
 
+@foreign_leaves
 def check_parameters(params: Any, group: GroupArg = None) -> None:
     """Raise `ValueError` on every rank if the ranks' trees differ in structure, leaf
     shapes or dtypes (or numpy against cupy); the message names the leaf paths and the ranks.
@@ -67,6 +69,7 @@ def _leaf(entry: tuple[tuple[int, ...], str] | None) -> str:
     return "no such leaf" if entry is None else f"{entry[0]} {entry[1]}"
 
 
+@foreign_leaves
 def average_parameters(params: Any, group: GroupArg = None) -> Any:
     """A new pytree of the mean over ranks of every leaf (one fused message per dtype).
 
