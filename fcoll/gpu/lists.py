@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._plan import nccl_plan
 from fcoll._validate import check_count, check_divisible, check_permutation, check_rank, one_dtype
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.gpu import nccl
-from fcoll.gpu.collectives import as_bytes, cp, enter
+from fcoll.gpu.collectives import as_bytes, cp, enter, plan_for
 from fcoll.group import Group, member
 from fcoll.work import Call
 
@@ -110,11 +109,10 @@ def all_reduce_coalesced(backend: Backend, xs: Sequence[Any], op: object = "sum"
     if not xs:
         return []
     enter(group, xs[0], fn)
-    plans = [nccl_plan(x.dtype, op, nccl.version(), fn) for x in xs]
+    plans = [plan_for(x.dtype, op, fn) for x in xs]
     with xs[0].device:
         wires = [p.wire(x, cp()) for x, p in zip(xs, plans, strict=True)]
-        nccl.communicator_for(call, wires[0])  # made outside the group (NCCL >= 2.28 needs it)
-        with nccl.grouped():
+        with nccl.grouped(call, wires[0]):
             outs = [backend.allreduce(call, w, p.op) for w, p in zip(wires, plans, strict=True)]
         return [p.finish(o, g.size, x.shape) for o, p, x in zip(outs, plans, xs, strict=True)]
 
@@ -129,11 +127,10 @@ def reduce_scatter_tensor_coalesced(backend: Backend, xs: Sequence[Any], op: obj
     for i, x in enumerate(xs):
         check_divisible(x.shape, 0, n, fn, f"xs[{i}].shape[0]")
     enter(group, xs[0], fn)
-    plans = [nccl_plan(x.dtype, op, nccl.version(), fn) for x in xs]
+    plans = [plan_for(x.dtype, op, fn) for x in xs]
     with xs[0].device:
         wires = [p.wire(x, cp()) for x, p in zip(xs, plans, strict=True)]
-        nccl.communicator_for(call, wires[0])  # made outside the group (NCCL >= 2.28 needs it)
-        with nccl.grouped():
+        with nccl.grouped(call, wires[0]):
             outs = [backend.reduce_scatter_block(call, w, p.op)
                     for w, p in zip(wires, plans, strict=True)]
         return [p.finish(o, n, (x.shape[0] // n, *x.shape[1:]))
@@ -152,8 +149,7 @@ def all_gather_into_tensor_coalesced(backend: Backend, xs: Sequence[Any],
     with xs[0].device:
         sends = [as_bytes(x) for x in xs]
         outs = [cp().empty((n * x.shape[0], *x.shape[1:]), x.dtype) for x in xs]
-        nccl.communicator_for(call, sends[0])  # made outside the group (NCCL >= 2.28 needs it)
-        with nccl.grouped():
+        with nccl.grouped(call, sends[0]):
             for s, o in zip(sends, outs, strict=True):
                 backend.allgather(call, s, o.reshape(-1).view(np.uint8))
         return outs

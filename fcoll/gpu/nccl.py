@@ -204,10 +204,16 @@ def abort(group: Any) -> None:
 
 
 @contextmanager
-def grouped() -> Iterator[None]:
-    """``ncclGroupStart``/``ncclGroupEnd`` around the calls in the block (fused launch)."""
+def grouped(call: Call | None = None, buf: Any = None) -> Iterator[None]:
+    """``ncclGroupStart``/``ncclGroupEnd`` around the calls in the block (fused launch).
+
+    Given the ``call`` and a buffer, the group's communicator is made first, outside the
+    group: NCCL 2.28 defers the set-up of a communicator made inside one, and the calls in
+    the group then fail with ``INVALID_ARGUMENT``."""
     nccl = module()
     assert nccl is not None
+    if call is not None:
+        communicator_for(call, buf)
     nccl.groupStart()
     try:
         yield
