@@ -63,8 +63,8 @@ def array_module(leaves: Sequence[object], fn: str, tree: object = None, *,
         if arrays_only:
             for i, leaf in enumerate(leaves):
                 if not isinstance(leaf, np.ndarray):
-                    raise TypeError(f"{fn}: expected {_leaf_name(tree, i)} to be a numpy.ndarray "
-                                    f"or a cupy.ndarray, got {kind(leaf)}")
+                    raise TypeError(f"{fn}: expected {_leaf_name(tree, i)} to be a numpy.ndarray, "
+                                    f"cupy.ndarray, torch.Tensor or jax.Array, got {kind(leaf)}")
         return np
     for i, leaf in enumerate(leaves):
         if not is_cupy(leaf):
@@ -114,9 +114,42 @@ def unpack(buf: Array, like: Sequence[Array]) -> list[Array]:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def native_leaves(leaves: Sequence[Any], tree: object, fn: str) -> tuple[list[Any], Any]:
+    """The leaves with torch tensors and JAX arrays seen as numpy or cupy arrays
+    (`fcoll.backends.interop`), and the first such leaf (``None`` if there is none): the
+    results go back to its type and device with `back`. A tree mixing them with other arrays
+    raises `TypeError` naming the leaf.
+
+    Example:
+        >>> native_leaves([torch.ones(2)], None, "psum")
+        ([array([1., 1.], dtype=float32)], tensor([1., 1.]))
+    """
+    first = next((i for i, leaf in enumerate(leaves) if interop.kind(leaf)), None)
+    if first is None:
+        return list(leaves), None
+    like = leaves[first]
+    for i, leaf in enumerate(leaves):
+        if getattr(leaf, "shape", None) is not None and interop.kind(leaf) != interop.kind(like):
+            raise TypeError(f"{fn}: expected {_leaf_name(tree, i)} to be a {kind(like)} like "
+                            f"{_leaf_name(tree, first)}, got {kind(leaf)}; array types cannot be "
+                            "mixed in one call")
+    return [interop.to_native(leaf, fn, _leaf_name(tree, i)) for i, leaf in enumerate(leaves)], like
+
+
+def back(tree: Any, like: Any) -> Any:
+    """``tree`` with its array leaves as arrays of ``like``'s type and device (``like``
+    ``None``: ``tree`` itself).
+
+    Example:
+        >>> back({"w": np.ones(2)}, torch.zeros(1))
+        {'w': tensor([1., 1.], dtype=torch.float64)}
+    """
+    return tree if like is None else optree.tree_map(lambda y: interop.back(y, like), tree)
+
+
 def foreign_leaves(fn: F) -> F:
     """Let ``fn`` (whose first argument is a pytree) take trees of torch tensors or JAX
-    arrays: their leaves are seen as numpy or cupy arrays (`fcoll.backends.interop`), and the
+    arrays: their leaves are seen as numpy or cupy arrays (`native_leaves`), and the
     result's array leaves come back as the input's type and device. A tree mixing them with
     other arrays raises `TypeError` naming the leaf, before anything is sent.
 
@@ -130,17 +163,9 @@ def foreign_leaves(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(x: Any, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = optree.tree_flatten(x)
-        first = next((i for i, leaf in enumerate(leaves) if interop.kind(leaf)), None)
-        if first is None:
+        native, like = native_leaves(leaves, x, name)
+        if like is None:
             return fn(x, *args, **kwargs)
-        like = leaves[first]
-        for i, leaf in enumerate(leaves):
-            if getattr(leaf, "shape", None) is not None and interop.kind(leaf) != interop.kind(like):
-                raise TypeError(f"{name}: expected {_leaf_name(x, i)} to be a {kind(like)} like "
-                                f"{_leaf_name(x, first)}, got {kind(leaf)}; array types cannot be "
-                                "mixed in one call")
-        native = [interop.to_native(leaf, name, _leaf_name(x, i)) for i, leaf in enumerate(leaves)]
-        out = fn(optree.tree_unflatten(spec, native), *args, **kwargs)
-        return optree.tree_map(lambda y: interop.back(y, like), out)
+        return back(fn(optree.tree_unflatten(spec, native), *args, **kwargs), like)
 
     return wrapper  # type: ignore[return-value]

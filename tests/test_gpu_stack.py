@@ -277,15 +277,15 @@ def test_dp_errors_name_the_leaf(group):
         with pytest.raises(TypeError, match=r"expected leaf \['b'\]\[1\] to be a cupy\.ndarray "
                                             r"like leaf \['a'\], got numpy\.ndarray"):
             call(mixed)
-    with pytest.raises(TypeError, match=r"leaf \['b'\] to be a numpy\.ndarray or a "
-                                        r"cupy\.ndarray, got builtins\.float"):
+    with pytest.raises(TypeError, match=r"leaf \['b'\] to be a numpy\.ndarray, cupy\.ndarray, "
+                                        r"torch\.Tensor or jax\.Array, got builtins\.float"):
         avg({"a": np.ones(1), "b": 1.5})
     avg.push("w", cupy.ones(2))
     with pytest.raises(TypeError, match=r"push: expected grad 'v' to be a cupy\.ndarray like the "
                                         r"gradients before it, got numpy\.ndarray"):
         avg.push("v", np.ones(2))
-    with pytest.raises(TypeError, match=r"push: expected grad 'v' to be a numpy\.ndarray or a "
-                                        r"cupy\.ndarray, got builtins\.list"):
+    with pytest.raises(TypeError, match=r"push: expected grad 'v' to be a numpy\.ndarray, "
+                                        r"cupy\.ndarray, torch\.Tensor or jax\.Array, got builtins\.list"):
         avg.push("v", [1.0])
     check(avg.wait(), {"w": np.ones(2)})  # the cupy step goes on unharmed
     with avg.no_sync():

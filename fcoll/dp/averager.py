@@ -6,9 +6,11 @@ one nonblocking all-reduce, through a *hook* that returns the bucket's average: 
 `allreduce_hook`, or `fp16_compress_hook` / `bf16_compress_hook`, which divide by the
 group size, cast to half precision for the wire and cast back.
 
-Gradients may be numpy or cupy arrays (one kind per step): cupy buckets are packed and
-unpacked with cupy and all-reduced on their device (over NCCL where that is the
-transport), so they never pass through host memory.
+Gradients may be numpy or cupy arrays, torch tensors or JAX arrays (one array type per
+step; the averages come back as that type, on the gradients' device): cupy buckets (and
+those of CUDA tensors, seen through DLPack) are packed and unpacked with cupy and
+all-reduced on their device (over NCCL where that is the transport), so they never pass
+through host memory; CPU tensors are read through zero-copy numpy views.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import optree
 
 from fcoll import _debug
 from fcoll._plan import reduction_plan
-from fcoll._tree import Array, array_module, foreign_leaves, kind, path_name
+from fcoll._tree import Array, array_module, back, foreign_leaves, kind, native_leaves, path_name
+from fcoll.backends import interop
 from fcoll.collectives import all_reduce, nonblocking
 from fcoll.dp.buckets import Bucket, Buckets, Done
 from fcoll.dp.join import Joiner
@@ -134,6 +137,7 @@ class GradientAverager:
         self.hook: Hook = hook if hook is not None else _COMPRESSION[compression]
         self._syncing = True
         self._xp: ModuleType = np  # the array module of the gradients held (open, accumulated)
+        self._like: Any = None  # their torch tensor or JAX array, if they came as those
         self._accumulated: dict[Any, Array] = {}
         self._open: dict[np.dtype[Any], Bucket] = {}
         self._launched: list[tuple[Bucket, Any]] = []
@@ -207,28 +211,34 @@ class GradientAverager:
             >>> w.wait()                               # rank 0 held [0.], rank 1 [1.]; both get
             {'b': array([0.5])}
         """
-        paths, leaves, spec = optree.tree_flatten_with_path(grads)
+        paths, given, spec = optree.tree_flatten_with_path(grads)
+        leaves, like = native_leaves(given, grads, "GradientAverager")
         xp = array_module(leaves, "GradientAverager", grads, arrays_only=True)
         if leaves:
-            self._same_kind(xp, "GradientAverager", f"leaf {path_name(paths[0])}", leaves[0])
+            self._same_kind(xp, like, "GradientAverager", f"leaf {path_name(paths[0])}", given[0])
         if not self._syncing:
             for path, leaf in zip(reversed(paths), reversed(leaves), strict=True):
-                self.push(path, leaf)
-            return self._finish().then(lambda by_path: optree.tree_unflatten(
+                self._push(path, leaf, xp)
+            work = self._finish().then(lambda by_path: optree.tree_unflatten(
                 spec, [by_path[p] for p in paths]))
-        if self._joiner is not None:
-            self._contributors = self._joiner.agree(True, leaves)
-        return self._average(leaves, xp, paths, spec)
+        else:
+            if self._joiner is not None:
+                self._contributors = self._joiner.agree(True, leaves)
+            work = self._average(leaves, xp, paths, spec)
+        return work if like is None else work.then(lambda tree: back(tree, like))
 
-    def _same_kind(self, xp: ModuleType, fn: str, name: str, got: object) -> None:
-        """Note that the gradients now arriving use ``xp``; `TypeError` if gradients of the
-        other kind (numpy or cupy) are still held: open buckets, no_sync sums."""
-        if xp is not self._xp:
+    def _same_kind(self, xp: ModuleType, like: Any, fn: str, name: str, got: object) -> None:
+        """Note that the gradients now arriving use ``xp`` (seen from ``like``'s type, if they
+        are torch tensors or JAX arrays); `TypeError` if gradients of another array type are
+        still held: open buckets, no_sync sums."""
+        if xp is not self._xp or interop.kind(like) != interop.kind(self._like):
             if self._open or self._launched or self._accumulated:
-                raise TypeError(f"{fn}: expected {name} to be a {self._xp.__name__}.ndarray like "
-                                f"the gradients before it, got {kind(got)}; numpy and cupy "
-                                "arrays cannot be mixed in one averaging step")
+                held = f"{self._xp.__name__}.ndarray" if self._like is None else kind(self._like)
+                raise TypeError(f"{fn}: expected {name} to be a {held} like the gradients "
+                                f"before it, got {kind(got)}; array types cannot be mixed in "
+                                "one averaging step")
             self._xp = xp
+        self._like = like
 
     def _average(self, leaves: list[Array], xp: ModuleType, paths: list[Any] | None = None,
                  spec: Any = None) -> Work:
@@ -276,8 +286,9 @@ class GradientAverager:
         return layout
 
     def push(self, key: Any, grad: Array) -> None:
-        """Add one gradient (a numpy or cupy array, one kind per step); starts its bucket's
-        all-reduce once the bucket is full.
+        """Add one gradient (a numpy or cupy array, torch tensor or JAX array; one array type
+        per step); starts its bucket's all-reduce once the bucket is full. The gradient is
+        read when its bucket starts (at the latest in `wait`): do not change it before.
 
         Example:
             >>> avg = fc.dp.GradientAverager(bucket_cap_mb=1)
@@ -285,11 +296,18 @@ class GradientAverager:
             ...     avg.push(name, grad)              # full buckets start all-reducing now
             >>> avg.wait()                            # {name: mean over ranks}
         """
+        given, like = grad, grad if interop.kind(grad) else None
+        if like is not None:
+            grad = interop.to_native(grad, "push", f"grad {key!r}")
         xp = array_module((grad,), "push")
         if xp is np and not isinstance(grad, np.ndarray):
-            raise TypeError(f"push: expected grad {key!r} to be a numpy.ndarray or a "
-                            f"cupy.ndarray, got {kind(grad)}")
-        self._same_kind(xp, "push", f"grad {key!r}", grad)
+            raise TypeError(f"push: expected grad {key!r} to be a numpy.ndarray, cupy.ndarray, "
+                            f"torch.Tensor or jax.Array, got {kind(grad)}")
+        self._same_kind(xp, like, "push", f"grad {key!r}", given)
+        self._push(key, grad, xp)
+
+    def _push(self, key: Any, grad: Array, xp: ModuleType) -> None:
+        """`push` of a checked numpy or cupy gradient."""
         if self._joiner is not None and self._syncing:
             raise RuntimeError("push: expected no join block (inside one, average whole trees "
                                "with avg(grads) or avg.start(grads))")
@@ -315,7 +333,8 @@ class GradientAverager:
             >>> avg.wait()                                       # on both ranks
             {'w': array([0.5])}
         """
-        result: dict[Any, Array] = self._finish().wait()
+        like = self._like
+        result: dict[Any, Array] = back(self._finish().wait(), like)
         return result
 
     def _launch(self, bucket: Bucket) -> None:
