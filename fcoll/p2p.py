@@ -8,7 +8,11 @@ messages between two ranks on one tag in order, so header and data always pair u
 
 cupy arrays travel through host memory; the header's kind carries a flag (`_CUPY`) that
 the array was a cupy array, and a receiver with cupy imported gets a cupy array on its
-current device (the device current when it called `recv`/`irecv`), else numpy.
+current device (the device current when it called `recv`/`irecv`), else numpy. torch
+tensors and JAX arrays travel as their numpy or cupy views (`fcoll.backends.interop`) with
+a flag (`_TORCH`, `_JAX`) too: a receiver that has imported torch (JAX) gets a tensor
+(array) on the CPU or, if a device array was sent and cupy is imported, on the current
+device; otherwise numpy (cupy).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from fcoll import _debug
 from fcoll._dispatch import device, is_cupy
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_permutation, check_rank
+from fcoll.backends import interop
 from fcoll.collectives._common import c_order
 from fcoll.dtypes import SUPPORTED
 from fcoll.gpu import staged
@@ -46,6 +51,8 @@ BYTE = MPI.BYTE
 INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header message
 _INLINE, _SEPARATE = 1, 2
 _CUPY = 4  # or-ed into the kind: the sender's array was a cupy array
+_KIND_FLAGS = {"torch": 8, "jax": 16}  # or-ed too: it was a torch tensor, a JAX array
+_FLAGS = _CUPY | 8 | 16
 _DTYPES = sorted(SUPPORTED, key=str)
 _DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
 _MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1024
@@ -79,11 +86,16 @@ def _packed(x: np.ndarray, flags: int = 0) -> bytes:
     return _header(x, _INLINE | flags) + x.tobytes()
 
 
-def _host(x: Any) -> tuple[Any, int]:
+def _host(x: Any, fn: str) -> tuple[Any, int]:
     """``x`` as the host array that travels, and the header flags saying what it was."""
-    if type(x) is not np.ndarray and is_cupy(x):
-        return staged.to_host(x), _CUPY
-    return x, 0
+    if type(x) is np.ndarray:
+        return x, 0
+    flags = 0
+    if (k := interop.kind(x)) is not None:
+        x, flags = interop.to_native(x, fn, "x"), _KIND_FLAGS[k]
+    if is_cupy(x):
+        return staged.to_host(x), flags | _CUPY
+    return x, flags
 
 
 def _receiving_device() -> int | None:
@@ -94,10 +106,15 @@ def _receiving_device() -> int | None:
 
 def _arrived(out: np.ndarray, kind: int, device: int | None) -> Any:
     """The received array as the receiver gets it: cupy on ``device`` if it was sent as
-    cupy and the receiver has cupy, else numpy."""
+    cupy and the receiver has cupy, else numpy; then a tensor (JAX array) if it was sent as
+    one and the receiver has imported torch (JAX)."""
+    y: Any = out
     if kind & _CUPY and device is not None:
-        return staged.to_device(out, device)
-    return out
+        y = staged.to_device(out, device)
+    for k, flag in _KIND_FLAGS.items():
+        if kind & flag and k in sys.modules:
+            return interop.as_kind(y, k)
+    return y
 
 
 def _parse(buf: np.ndarray) -> tuple[int, np.dtype[Any], tuple[int, ...], int]:
@@ -150,7 +167,7 @@ def send(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> None:
         >>> if r == 1: fc.recv(src=0)
         array([0, 1, 2])
     """
-    x, flags = _host(x)
+    x, flags = _host(x, "send")
     g, call = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
     check_array(x, "send")
@@ -167,7 +184,9 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     """Receive an array (shape and dtype come with it) from group rank ``src``, or from
     any rank when ``src`` is ``None``; ``return_source=True`` gives ``(array, src)``.
     A cupy array sent arrives as a cupy array on the current device if cupy is imported
-    here (else as numpy); a numpy array as numpy.
+    here (else as numpy); a numpy array as numpy; a torch tensor (JAX array) as a tensor
+    (array) if torch (JAX) is imported here, on the CPU or, sent from a GPU, on the current
+    device (see the module's docstring).
 
     Example:
         >>> y, who = fc.recv(return_source=True)     # on rank 0, rank 2 sent it
@@ -183,7 +202,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     buf = np.empty(status.Get_count(BYTE), np.uint8)
     message.Recv([buf, BYTE])
     kind, dtype, shape, offset = _parse(buf)
-    if kind & ~_CUPY == _INLINE:
+    if kind & ~_FLAGS == _INLINE:
         out = _inline(buf, dtype, shape, offset)
     else:
         out = np.empty(shape, dtype)
@@ -203,7 +222,7 @@ def isend(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
         >>> fc.recv(src=1 - r), w.wait()                    # on rank 0; rank 1 gets [0]
         (array([1]), None)
     """
-    x, flags = _host(x)  # a cupy array: copied to the host at the call
+    x, flags = _host(x, "isend")  # a cupy array: copied to the host at the call
     g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
     check_array(x, "isend")
@@ -232,7 +251,7 @@ class _Receive(Operation):
         """The header message arrived: done if inline, else start the data receive."""
         assert self._buf is not None
         kind, dtype, shape, offset = _parse(self._buf)
-        if kind & ~_CUPY == _INLINE:
+        if kind & ~_FLAGS == _INLINE:
             self.value = _arrived(_inline(self._buf, dtype, shape, offset), kind, self._device)
             return True
         self._kind, self._data = kind, np.empty(shape, dtype)
@@ -298,7 +317,7 @@ class P2POp:
     """
 
     op: Any
-    tensor: np.ndarray | None
+    tensor: Any
     peer: int
     group: GroupArg = None
     tag: int = 0

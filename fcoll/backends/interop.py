@@ -111,6 +111,21 @@ def _jax_out(y: Any, like: Any) -> Any:
     return jax.device_put(y, next(iter(like.devices())))
 
 
+def as_kind(y: Any, k: str) -> Any:
+    """The numpy or cupy array ``y`` as a ``k`` (``"torch"``, ``"jax"``) array, without a
+    template: a numpy array on the CPU (JAX: its default device), a cupy array on its device.
+    Used where no input says where the result goes (`fcoll.recv`).
+
+    Example:
+        >>> as_kind(np.ones(2, np.float32), "torch")
+        tensor([1., 1.])
+    """
+    if k == "torch":
+        return _torch_out(y, None)
+    jax = sys.modules["jax"]
+    return jax.device_put(y) if isinstance(y, np.ndarray) else jax.dlpack.from_dlpack(y)
+
+
 def to_native(value: Any, fn: str, name: str) -> Any:
     """``value`` with its torch tensors and JAX arrays seen as numpy or cupy arrays (also
     inside lists and tuples)."""

@@ -6,6 +6,8 @@ way, so a dtype disagreement raises `ValueError` everywhere), then the data as r
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,16 +76,27 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
 def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg = None) -> np.ndarray:
     """Rank ``r`` gets ``chunks[r]`` of group rank ``src``; other ranks pass ``None``.
 
+    A root's torch tensors (JAX arrays) arrive as tensors (arrays) on ranks that have
+    imported torch (JAX), as numpy arrays elsewhere; cupy arrays as `fcoll.recv` says.
+
     Example:
         >>> chunks = [np.array([10]), np.array([11])] if r == 0 else None
         >>> fc.scatter(chunks, src=0)                # on rank 1
         array([11])
     """
+    return _scatter(chunks, src, group)
+
+
+def _scatter(chunks: Sequence[np.ndarray] | None, src: int, group: GroupArg,
+             sent_as: str = "") -> np.ndarray:
+    """`scatter`; ``sent_as`` (``"torch:"``, ``"jax:"``) prefixes the dtype names the root
+    sends: its chunks were of that array type."""
     fn = "scatter"
     if (on := device_list(chunks, group, fn, "chunks")) is not None:
         if on is interop:
-            return interop.run(scatter, fn, chunks, src, group)  # type: ignore[no-any-return]
-        return route.scatter(on, chunks, src, group)  # type: ignore[no-any-return]
+            as_kind = _SCATTER_AS[str(interop.kind(next(c for c in chunks or [] if interop.kind(c))))]
+            return interop.run(as_kind, fn, chunks, src, group)  # type: ignore[no-any-return]
+        return route.scatter(on, chunks, src, group, sent_as)  # type: ignore[no-any-return]
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, src=src):
         root = check_rank(src, g.size, fn, "src")
@@ -93,15 +106,25 @@ def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg =
         arrays = check_arrays(chunks, g.size, fn, "chunks") if g.rank == root else []
     if g.rank != root:
         shape, name = backend.scatter_obj(call, None, root)
+        kind, name = _sent_as(name)
         if name.startswith(route.TAG):  # the root scatters cupy arrays: receive on the GPU
-            return route.scatter_receive(  # type: ignore[no-any-return]
-                gpu_backend(g), g, shape, name, root)
-        dtype = dtype_from_name(name)
-        return backend.scatterv(call, None, [], np.empty(shape, dtype), root)
-    backend.scatter_obj(call, [_meta(a) for a in arrays], root)
+            y = route.scatter_receive(gpu_backend(g), g, shape, name, root)
+        else:
+            y = backend.scatterv(call, None, [], np.empty(shape, dtype_from_name(name)), root)
+        return interop.as_kind(y, kind) if kind in sys.modules else y  # type: ignore[no-any-return]
+    backend.scatter_obj(call, [(a.shape, sent_as + str(a.dtype)) for a in arrays], root)
     counts = [a.nbytes for a in arrays]
     send = np.concatenate([as_bytes(a) for a in arrays])
     return backend.scatterv(call, send, counts, np.empty_like(arrays[root], order="C"), root)
+
+
+_SCATTER_AS = {k: functools.partial(_scatter, sent_as=f"{k}:") for k in interop.KINDS}
+
+
+def _sent_as(name: str) -> tuple[str, str]:
+    """The array type a scatter's root sent (``""``: numpy or cupy) and the rest of ``name``."""
+    head, colon, rest = name.partition(":")
+    return (head, rest) if colon and head in interop.KINDS else ("", name)
 
 
 def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.ndarray]:

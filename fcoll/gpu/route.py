@@ -176,14 +176,17 @@ def _device_id(x: Any) -> int:
 TAG = "cupy:"  # prefixes the dtype names a root scattering cupy arrays sends
 
 
-def scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
+def scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any,
+            sent_as: str = "") -> Any:
     """`fcoll.scatter` on the root, whose chunks are cupy arrays: the metadata tells the
-    other ranks (which pass ``chunks=None``) to receive onto their current device."""
+    other ranks (which pass ``chunks=None``) to receive onto their current device
+    (``sent_as`` prefixes it when the chunks were torch tensors or JAX arrays)."""
     return guarded("scatter", group, lambda: {"src": src},
-                   lambda: _scatter(backend, chunks, src, group))
+                   lambda: _scatter(backend, chunks, src, group, sent_as))
 
 
-def _scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any) -> Any:
+def _scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: Any,
+             sent_as: str) -> Any:
     fn = "scatter"
     g, call = member(group, fn)
     root = check_rank(src, g.size, fn, "src")
@@ -194,7 +197,7 @@ def _scatter(backend: Backend, chunks: Sequence[Any] | None, src: int, group: An
     for i, c in enumerate(chunks):
         check_dtype(c.dtype, fn, f"chunks[{i}]")
     check_same_dtype(chunks, fn, "chunks")
-    host.scatter_obj(call, [(tuple(c.shape), TAG + str(c.dtype)) for c in chunks], root)
+    host.scatter_obj(call, [(tuple(c.shape), sent_as + TAG + str(c.dtype)) for c in chunks], root)
     backend = choose(backend, fn, chunks, g, call)  # after the metadata, as on the other ranks
     if backend is nccl:
         return _waited(call, lists.scatter_send(g, chunks, root))
