@@ -121,3 +121,24 @@ def test_gradient_averager_refuses_mixed_steps_before_sending(kind: str, group: 
     with pytest.raises(TypeError, match=r"GradientAverager: expected leaf \['y'\] to be a .* like "
                                         r"leaf \['x'\], got numpy\.ndarray"):
         fc.dp.GradientAverager(group.arg)({"x": to_kind(np.ones(2), kind), "y": np.ones(2)})
+
+
+def test_object_collectives_carry_tensors_by_pickle(kind: str, group: G) -> None:
+    mine = {"x": to_kind(data(group.rank, (2,), np.float32, 60), kind), "rank": group.rank}
+    got = fc.all_gather_object(mine, group.arg)
+    assert [g["rank"] for g in got] == list(range(group.size))
+    for i, g in enumerate(got):
+        same(kind, g["x"], data(i, (2,), np.float32, 60))
+
+
+def test_a_traced_jax_value_is_refused_naming_the_leaf(world_size: int) -> None:
+    jax = pytest.importorskip("jax")
+
+    @jax.jit
+    def traced(x: Any) -> Any:
+        with fc.Mesh((world_size,), ("x",)):
+            return fc.lax.psum({"w": x}, "x")["w"]
+
+    with pytest.raises(TypeError, match=r"psum: expected leaf \['w'\] to be a concrete jax\.Array, "
+                                        r"got a traced value"):
+        traced(jax.numpy.ones(2))

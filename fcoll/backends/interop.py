@@ -85,6 +85,10 @@ def _torch_in(t: Any, fn: str, name: str) -> Any:
 
 
 def _jax_in(x: Any, fn: str, name: str) -> Any:
+    if isinstance(x, sys.modules["jax"].core.Tracer):
+        raise TypeError(f"{fn}: expected {name} to be a concrete jax.Array, got a traced value "
+                        f"({type(x).__name__}); fcoll's collectives run eagerly: call them "
+                        "outside jit/grad/vmap, between jitted steps")
     device = next(iter(x.devices()))
     if device.platform == "cpu":
         return np.asarray(x)
