@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from fcoll import _runtime
-from fcoll.backends import Backend, interop
+from fcoll.backends import Backend, interop, shm
 from fcoll.backends import mpi as host
 from fcoll.gpu.settings import ENV, TRANSPORTS, aware, forget, mpi_for_device, transport
 
 __all__ = ["ENV", "TRANSPORTS", "any_cupy", "aware", "backend_for", "device", "device_list",
-           "forget", "gpu_backend", "is_cupy", "mpi_for_device", "transport"]
+           "forget", "gpu_backend", "is_cupy", "mpi_for_device", "on_node", "shm_limit", "transport"]
 
 
 
@@ -83,6 +83,28 @@ def backend_for(x: object, group: Any = None) -> Backend:
         'mpi'
     """
     return gpu_backend(group) if is_cupy(x) else host
+
+
+def shm_limit(group: Any) -> float:
+    """The per-rank bytes from which ``group``'s numpy reductions may go through on-node
+    shared memory (`fcoll.backends.shm.limit`: infinite where they cannot)."""
+    return shm.limit(group)
+
+
+def on_node(call: Any, nbytes: int) -> Any:
+    """`fcoll.backends.shm` when this call's reduction of ``nbytes`` per rank goes through
+    the group's shared segment (every rank of the group on this node, ``FCOLL_SHM`` and the
+    size allow it), else None (MPI). Collective at a group's first such call: every rank
+    takes the same decision (same size, same settings), and the group finds out whether its
+    ranks share a node.
+
+    Example:
+        >>> on_node(call, 1 << 20).NAME        # 2 ranks on one node, FCOLL_SHM unset
+        'shm'
+    """
+    if nbytes < shm.limit(call.group) or shm.segment(call) is None:
+        return None
+    return shm
 
 
 def device(x: object, group: Any = None) -> Backend | None:

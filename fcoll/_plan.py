@@ -41,6 +41,10 @@ from fcoll.ops import NcclOp, PremulSum, ReduceOp, bool_op, mpi_op, nccl_op, res
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+# The ufunc with MPI's result for each wire op (integer and bitwise ops are exact in any
+# order; bool travels as uint8 0/1 with max, min or bxor).
+_ANY_ORDER = {**_UFUNCS, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+              ReduceOp.BXOR: np.bitwise_xor}
 _COMMUTATIVE_EXACT = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT)
 _AVG = ReduceOp.AVG
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
@@ -67,6 +71,7 @@ class ReductionPlan:
     is_bool: bool
     simple: bool  # the wire is x's own data and the result needs no conversion
     direct: bool  # simple, and MPI's own op reduces it: a C-contiguous x goes as it is
+    fold_ufunc: np.ufunc  # ``ufunc``, or where MPI's op reduces, the ufunc with its result
 
     def wire(self, x: np.ndarray) -> np.ndarray:
         """C-contiguous wire data of ``x``'s shape; ``x`` itself when nothing changes."""
@@ -113,7 +118,9 @@ def _mpi_plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPla
     simple = wire is dtype and not is_bool and resolved is not ReduceOp.AVG and not isinstance(
         resolved, PremulSum)
     direct = simple and ufunc is None
-    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple, direct)
+    folds = ufunc or (np.add if isinstance(on_wire, PremulSum) else _ANY_ORDER[on_wire])
+    return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple, direct,
+                         folds)
 
 
 def reduction_plan(x: np.ndarray, op: object, group: Any, fn: str) -> ReductionPlan:

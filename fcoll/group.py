@@ -63,6 +63,9 @@ class Group:
         self.nccl_device = -1  # the GPU it was made on
         self.gpu_shared: list[list[int]] | None = None  # ranks sharing a GPU (None: not asked yet)
         self.side_comm: Any = None  # a Dup for tagged point-to-point steps (collectives.nonblocking)
+        # The shared-memory segment (fcoll.backends.shm): None until the first call that
+        # could use it, then the segment, or False when the group spans nodes.
+        self.shm: Any = None
 
     @classmethod
     def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
@@ -184,6 +187,9 @@ class Group:
             self.nccl.destroy()
             self.nccl = None
         if self._comm is not None and not self._destroyed:
+            if self.shm and self.broken is None:  # freeing is collective: not after a timeout
+                self.shm.free()
+            self.shm = False
             if self.side_comm is not None:
                 self.side_comm.Free()
             self._comm.Free()

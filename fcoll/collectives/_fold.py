@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fcoll._dispatch import on_node
 from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
 from fcoll.work import Call
@@ -47,7 +48,11 @@ def blocks(size: int, n: int) -> list[int]:
 
 
 def allreduce(call: Call, plan: ReductionPlan, wire: np.ndarray) -> np.ndarray:
-    """Every rank's reduced ``wire`` (a C-contiguous buffer made by ``plan.wire``)."""
+    """Every rank's reduced ``wire`` (a C-contiguous buffer made by ``plan.wire``): through
+    on-node shared memory where `fcoll._dispatch.on_node` says so (always folded in rank
+    order), else MPI."""
+    if (shared := on_node(call, wire.nbytes)) is not None:
+        return shared.allreduce(call, wire, plan.fold_ufunc)  # type: ignore[no-any-return]
     if plan.ufunc is None:
         return backend.allreduce(call, wire, plan.op)
     return fold_allreduce(call, wire.reshape(-1), plan.ufunc).reshape(wire.shape)

@@ -12,7 +12,7 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import device, device_list
+from fcoll._dispatch import device, device_list, shm_limit
 from fcoll._plan import reduction_plan
 from fcoll._validate import check_arrays, check_dim, check_divisible, check_rank
 from fcoll.backends import mpi as backend
@@ -66,10 +66,12 @@ def all_reduce(
         plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
         return nonblocking.all_reduce(call, g, plan, x)
-    if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is
+    if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is,
+        shared = shm_limit(g)  # up to the size from which on-node shared memory does
         if type(op) is str:
-            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op)
-        return backend.allreduce(call, x, plan.op)
+            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op, shared)
+        if x.nbytes < shared:
+            return backend.allreduce(call, x, plan.op)
     return plan.finish(_fold.allreduce(call, plan, plan.wire(x)))
 
 

@@ -1,0 +1,151 @@
+"""A group's shared-memory segment: one MPI-3 shared window over its ranks on one node.
+
+The window (``MPI.Win.Allocate_shared`` on the group's node communicator) holds, from
+its start, 64-byte aligned:
+
+- a control area: one 64-byte line per rank, written only by that rank (no two ranks
+  write one cache line): ``ARRIVED`` is the number of the last step whose data the rank
+  has copied in; ``NBYTES + parity`` the byte count it announced for that step's call;
+- the slots: two sets (by the parity of the step number) of ``n`` slots of ``capacity``
+  bytes, slot ``j`` written only by rank ``j``.
+
+A step is numbered the same on every rank (every rank takes every step, in order). Step
+``s`` writes the slots of parity ``s % 2``; a rank can only reach step ``s + 2`` after
+every rank arrived at step ``s + 1``, that is after every rank finished reading step
+``s``'s slots. So one arrival per step is the only synchronisation: no second flag, no
+barrier. Writes are plain stores in program order (data, then the flag), which x86-64's
+memory model (TSO) keeps in order for the other cores; elsewhere ``MPI.Win.Sync`` fences
+them.
+
+Waiting polls the flags (`Segment.wait`): a short busy spin, then yielding the core
+(`os.sched_yield`) so a peer that needs it can run (more ranks than cores), then sleeps;
+a call with a deadline raises `fcoll.work.CollectiveTimeoutError` once it passes, as the
+MPI path does.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+import numpy as np
+
+from fcoll import _runtime, _trace, _trace_report
+from fcoll.work import Call, timed_out
+
+LINE = 64  # bytes per control line (one cache line)
+ARRIVED, NBYTES = 0, 2  # int64 words of a rank's control line (NBYTES + parity)
+ALIGN = 4096
+SPINS = 64  # polls before the first yield
+YIELD_SECONDS = 0.05  # then yield the core at every poll this long, then sleep
+FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
+
+
+def round_up(nbytes: int, to: int = ALIGN) -> int:
+    return -(-nbytes // to) * to
+
+
+class Segment:
+    """The shared window of one group on one node, its flags and slots.
+
+    Made collectively by every rank of ``node`` (the group's ranks, in group order);
+    `grow` and `free` are collective too.
+
+    Example:
+        >>> seg = Segment(node, 1 << 20)           # every rank of a 2-rank group
+        >>> seg.slot(seg.step + 1, seg.rank)[:4] = data   # copy in, then arrive
+    """
+
+    def __init__(self, node: Any, capacity: int) -> None:
+        self.node = node
+        self.n, self.rank = node.Get_size(), node.Get_rank()
+        self.step = 0  # the last step taken (equal on every rank)
+        self.win: Any = None
+        self._allocate(round_up(max(capacity, 1)))
+
+    def _allocate(self, capacity: int) -> None:
+        MPI = _runtime.mpi()
+        self.capacity = capacity
+        self.head = round_up(self.n * LINE, ALIGN)
+        total = self.head + 2 * self.n * capacity
+        self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=self.node)
+        buf, _ = self.win.Shared_query(0)
+        self.mem = np.frombuffer(buf, np.uint8, count=total)
+        if self.rank == 0:
+            self.mem[: self.head] = 0
+        self.ctl = memoryview(self.mem[: self.head]).cast("q")  # type: ignore[arg-type]
+        if FENCE:
+            self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.node.Barrier()  # the zeroed flags are seen by all before any step
+        self.step = 0
+
+    def slot(self, step: int, rank: int) -> np.ndarray:
+        """The bytes of ``rank``'s slot for ``step``."""
+        start = self.head + ((step & 1) * self.n + rank) * self.capacity
+        return self.mem[start : start + self.capacity]
+
+    def arrive(self, step: int, nbytes: int) -> None:
+        """This rank's data for ``step`` is in its slot; its call moves ``nbytes``."""
+        if FENCE:
+            self.win.Sync()
+        base = self.rank * (LINE // 8)
+        self.ctl[base + NBYTES + (step & 1)] = nbytes
+        self.ctl[base + ARRIVED] = step
+
+    def announced(self, step: int) -> list[int]:
+        """The byte counts every rank announced at ``step`` (after `wait`)."""
+        words = LINE // 8
+        return [self.ctl[j * words + NBYTES + (step & 1)] for j in range(self.n)]
+
+    def wait(self, step: int, call: Call) -> None:
+        """Return once every rank arrived at ``step``; `CollectiveTimeoutError` past the
+        call's deadline."""
+        ctl, words = self.ctl, LINE // 8
+        for j in range(self.n):
+            if ctl[j * words + ARRIVED] < step:
+                self._wait_for(j * words + ARRIVED, step, call)
+        if FENCE:
+            self.win.Sync()
+
+    def _wait_for(self, word: int, step: int, call: Call) -> None:
+        ctl = self.ctl
+        for _ in range(SPINS):
+            if ctl[word] >= step:
+                return
+        started = time.monotonic()
+        seconds = call.seconds
+        pause = 1e-5
+        while ctl[word] < step:
+            now = time.monotonic()
+            if seconds is not None and now - call.start > seconds:
+                _trace.fail(call.slot)
+                raise timed_out(call.fn, call.group, seconds, call.group.seq)
+            if now - started < YIELD_SECONDS:
+                os.sched_yield()
+                continue
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+            _trace_report.serve()  # a report in progress elsewhere gets this rank's record
+
+    def grow(self, capacity: int) -> None:
+        """Replace the window by one with ``capacity`` bytes per slot (collective; every
+        rank must have finished reading the old one: call it right after a `wait`)."""
+        self._release()
+        self._allocate(round_up(capacity))
+
+    def _release(self) -> None:
+        if self.win is None:
+            return
+        if FENCE:
+            self.win.Unlock_all()
+        self.ctl.release()
+        del self.mem
+        self.win.Free()
+        self.win = None
+
+    def free(self) -> None:
+        """Free the window and the node communicator (collective over the group)."""
+        self._release()
+        self.node.Free()
