@@ -17,10 +17,28 @@ if [ "$mpi" = openmpi ]; then
   if [ -t 1 ]; then color=(--color=yes); else color=(--color=no); fi
 fi
 status=0
+shm_before=$(ls /dev/shm 2>/dev/null | sort)
 for n in ${SIZES:-1 2 3 4}; do
   echo "=== world size $n ($mpi)"
   MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q ${color[@]+"${color[@]}"} "$@" || status=1
 done
+# The reduction tests again with the on-node shared-memory transport forced off (every
+# size through MPI) and forced on (every size through the segment; the default uses it
+# from 16 KiB), so both transports pass the same checks (docs/performance.md).
+for shm in 0 1; do
+  for n in ${SIZES:-1 2 3 4}; do
+    echo "=== world size $n ($mpi), FCOLL_SHM=$shm"
+    FCOLL_SHM=$shm MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
+      ${color[@]+"${color[@]}"} tests/test_reductions.py tests/test_coalesced.py tests/test_fast.py \
+      tests/test_detail.py tests/test_shm.py || status=1
+  done
+done
+# Shared windows are unlinked as soon as every rank maps them: none may be left behind.
+left=$(comm -13 <(echo "$shm_before") <(ls /dev/shm 2>/dev/null | sort) | grep '^mpich_shar' || true)
+if [ -n "$left" ]; then
+  echo "shared-memory segments left in /dev/shm: $left"
+  status=1
+fi
 # The cupy/NCCL tests again on the CPU stand-in for cupy (tests/fake_cupy.py): fcoll's
 # GPU code (NCCL, CUDA-aware MPI, staged) runs end to end here; a real GPU run is still
 # the check of streams and devices (docs/gpu.md).

@@ -17,8 +17,9 @@ barrier. Writes are plain stores in program order (data, then the flag), which x
 memory model (TSO) keeps in order for the other cores; elsewhere ``MPI.Win.Sync`` fences
 them.
 
-Waiting polls the flags (`Segment.wait`): a short busy spin, then yielding the core
-(`os.sched_yield`) so a peer that needs it can run (more ranks than cores), then sleeps;
+Waiting polls the flags (`Segment.wait`): a busy spin that, with more ranks than cores,
+yields the core at every poll (`os.sched_yield`) so the peer it waits for can run, as the
+MPI path's polls do (`fcoll.work.backoff`); after ``YIELD_SECONDS`` it sleeps between polls;
 a call with a deadline raises `fcoll.work.CollectiveTimeoutError` once it passes, as the
 MPI path does.
 """
@@ -123,7 +124,8 @@ class Segment:
                 _trace.fail(call.slot)
                 raise timed_out(call.fn, call.group, seconds, call.group.seq)
             if now - started < YIELD_SECONDS:
-                os.sched_yield()
+                if _runtime.OVERSUBSCRIBED:  # the peer we wait for may need this core
+                    os.sched_yield()
                 continue
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
