@@ -1,6 +1,6 @@
 """Data-parallel training of a torch MLP with `fcoll.dp`, on tensors directly.
 
-    mpiexec -n 2 .venv/bin/python -m fcoll.run examples/train_torch.py [--epochs 5] [--hidden 1024]
+    mpiexec -n 2 .venv/bin/python -m fcoll.run examples/train_torch.py [--epochs 5] [--overlap]
 
 The model is four linear layers (64 -> 1024 -> 1024 -> 1024 -> 10: 2.2 M parameters at the
 default width) trained on scikit-learn's bundled digits with torch's own SGD. Every rank
@@ -10,7 +10,9 @@ runs the same script (one thread per rank):
    (`fc.dp.broadcast_parameters` on the ``state_dict``: a dict of tensors in, one out);
 2. it takes its slice of each global batch, runs forward and backward as usual, and
    averages the gradients over the ranks (`fc.dp.average_gradients` on ``{name: p.grad}``:
-   one fused message per bucket, tensors back), which become the ``.grad`` the optimizer reads;
+   one fused message per bucket, tensors back), which become the ``.grad`` the optimizer
+   reads. With ``--overlap``, a post-accumulate-grad hook pushes each gradient to a
+   `fc.dp.GradientAverager` as backward produces it instead (DDP's overlap: `OverlappedAverager`);
 3. rank 0 prints the loss and accuracy after each epoch, and at the end every rank checks
    that its parameters are bit-identical to rank 0's.
 
@@ -22,6 +24,7 @@ of the ranks' gradients is the gradient of the global batch's mean loss.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from sklearn.datasets import load_digits
@@ -64,13 +67,48 @@ def average_gradients(model: torch.nn.Module) -> None:
             p.grad = averaged[name]
 
 
+class OverlappedAverager:
+    """DDP's overlap: each gradient is pushed to a `fc.dp.GradientAverager` the moment
+    autograd has accumulated it (a post-accumulate-grad hook), so a bucket's all-reduce
+    starts while the layers before it are still in backward; `finish` waits for the last
+    buckets and sets the averaged ``.grad``s.
+
+    Example:
+        >>> averager = OverlappedAverager(model, bucket_cap_mb=4)
+        >>> loss.backward()            # pushes every gradient, last layer first
+        >>> averager.finish()          # p.grad is now the mean over the ranks
+    """
+
+    def __init__(self, model: torch.nn.Module, bucket_cap_mb: float = 25) -> None:
+        self.avg = fc.dp.GradientAverager(bucket_cap_mb=bucket_cap_mb)
+        self.params = dict(model.named_parameters())
+        for name, p in self.params.items():
+            p.register_post_accumulate_grad_hook(self._pusher(name))
+
+    def _pusher(self, name: str) -> Callable[[torch.Tensor], None]:
+        def push(p: torch.Tensor) -> None:
+            self.avg.push(name, p.grad)  # the same names in the same order on every rank
+
+        return push
+
+    def finish(self) -> None:
+        for name, grad in self.avg.wait().items():
+            self.params[name].grad = grad
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor) -> float:
-    """One data-parallel step on this rank's slice ``x, y``; returns its mean loss."""
+               y: torch.Tensor, overlapped: OverlappedAverager | None = None) -> float:
+    """One data-parallel step on this rank's slice ``x, y``; returns its mean loss.
+
+    The gradients are averaged after backward (`average_gradients`) or, with
+    ``overlapped``, during it."""
     optimizer.zero_grad()
     loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
-    average_gradients(model)
+    if overlapped is None:
+        average_gradients(model)
+    else:
+        overlapped.finish()
     optimizer.step()
     return loss.item()
 
@@ -87,29 +125,38 @@ def parameters_identical(model: torch.nn.Module) -> bool:
         mine, fc.broadcast(mine, src=0)))), "min"))
 
 
+def global_batches(epochs: int, steps: int, rows: int) -> list[torch.Tensor]:
+    """The row indices of every global batch, the same on every rank (a shuffle per epoch)."""
+    out = []
+    for epoch in range(epochs):
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(1 + epoch))
+        out.extend(order[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH] for step in range(steps))
+    return out
+
+
 def train(epochs: int, hidden: int = 1024, steps_per_epoch: int | None = None,
-          verbose: bool = True) -> tuple[torch.nn.Module, list[float]]:
-    """Train data-parallel over the job; returns the model and the mean loss of each epoch."""
+          verbose: bool = True, overlap: bool = False) -> tuple[torch.nn.Module, list[float]]:
+    """Train data-parallel over the job; returns the model and the mean loss of each epoch.
+
+    ``overlap``: average during backward (`OverlappedAverager`) instead of after it."""
     torch.set_num_threads(1)  # one core per rank
     r, n = fc.get_rank(), fc.get_world_size()
     x_train, y_train, x_test, y_test = load()
     model = make_model(x_train.shape[1], hidden, 10, seed=r)  # different on every rank ...
     broadcast_model(model)  # ... until rank 0's parameters are everyone's
+    overlapped = OverlappedAverager(model) if overlap else None
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     per_rank = GLOBAL_BATCH // n
     steps = len(y_train) // GLOBAL_BATCH if steps_per_epoch is None else steps_per_epoch
-    losses = []
-    for epoch in range(epochs):
-        order = torch.randperm(len(y_train), generator=torch.Generator().manual_seed(1 + epoch))
-        total = 0.0
-        for step in range(steps):
-            batch = order[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH]
-            mine = batch[r * per_rank : (r + 1) * per_rank]
-            total += train_step(model, optimizer, x_train[mine], y_train[mine])
-        losses.append(float(fc.all_reduce(torch.tensor(total / steps), "avg")))
-        if verbose and r == 0:
-            print(f"epoch {epoch + 1:2d}  loss {losses[-1]:.4f}  "
-                  f"train accuracy {accuracy(model, x_train, y_train):.3f}", flush=True)
+    losses: list[float] = []
+    for i, batch in enumerate(global_batches(epochs, steps, len(y_train))):
+        mine = batch[r * per_rank : (r + 1) * per_rank]
+        losses.append(train_step(model, optimizer, x_train[mine], y_train[mine], overlapped))
+        if (i + 1) % steps == 0:  # an epoch's end
+            mean = float(fc.all_reduce(torch.tensor(sum(losses[-steps:]) / steps), "avg"))
+            if verbose and r == 0:
+                print(f"epoch {(i + 1) // steps:2d}  loss {mean:.4f}  "
+                      f"train accuracy {accuracy(model, x_train, y_train):.3f}", flush=True)
     if verbose and r == 0:
         print(f"test accuracy {accuracy(model, x_test, y_test):.3f} ({len(y_test)} held-out digits)")
     return model, losses
@@ -119,8 +166,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=1024, help="width of the hidden layers")
+    parser.add_argument("--overlap", action="store_true",
+                        help="average each gradient during backward (GradientAverager.push)")
     args = parser.parse_args()
-    model, _ = train(args.epochs, args.hidden)
+    model, _ = train(args.epochs, args.hidden, overlap=args.overlap)
     identical = parameters_identical(model)
     if fc.get_rank() == 0:
         print(f"parameters identical on all {fc.get_world_size()} ranks: {identical}")
