@@ -85,14 +85,15 @@ def backend_for(x: object, group: Any = None) -> Backend:
     return gpu_backend(group) if is_cupy(x) else host
 
 
-def shm_limit(group: Any) -> float:
-    """The per-rank bytes from which ``group``'s numpy reductions may go through on-node
-    shared memory (`fcoll.backends.shm.limit`: infinite where they cannot)."""
-    return shm.limit(group)
+def shm_limit(group: Any, op: str = "all_reduce") -> float:
+    """The per-rank bytes from which ``group``'s numpy ``op`` (``all_reduce``,
+    ``reduce_scatter``) may go through on-node shared memory (`fcoll.backends.shm.limit`:
+    infinite where it cannot)."""
+    return shm.limit(group, op)
 
 
-def on_node(call: Any, nbytes: int) -> Any:
-    """`fcoll.backends.shm` when this call's reduction of ``nbytes`` per rank goes through
+def on_node(call: Any, nbytes: int, op: str = "all_reduce") -> Any:
+    """`fcoll.backends.shm` when this call's ``op`` of ``nbytes`` per rank goes through
     the group's shared segment (every rank of the group on this node, ``FCOLL_SHM`` and the
     size allow it), else None (MPI). Collective at a group's first such call: every rank
     takes the same decision (same size, same settings), and the group finds out whether its
@@ -102,7 +103,7 @@ def on_node(call: Any, nbytes: int) -> Any:
         >>> on_node(call, 1 << 20).NAME        # 2 ranks on one node, FCOLL_SHM unset
         'shm'
     """
-    if nbytes < shm.limit(call.group) or shm.segment(call) is None:
+    if nbytes < shm.limit(call.group, op) or shm.segment(call) is None:
         return None
     return shm
 

@@ -1,7 +1,8 @@
-"""The on-node shared-memory transport (fcoll/backends/shm.py): bit for bit the MPI path's
-results (FCOLL_SHM=0) for every dtype, op, shape and group kind with FCOLL_SHM=1 (every
-size through shared memory), steps and growth of the segment, the decision for groups
-that span (simulated) nodes, errors, deadlines and the segment's lifetime."""
+"""The on-node shared-memory transport (fcoll/backends/shm.py): all_reduce and
+reduce_scatter_tensor give the MPI path's results (FCOLL_SHM=0) bit for bit for every
+dtype, op, shape and group kind with FCOLL_SHM=1 (every size through shared memory);
+steps and growth of the segment, the decision for groups that span (simulated) nodes,
+errors, deadlines and the segment's lifetime."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def _inputs(dtype: np.dtype, shape: tuple[int, ...], n: int, salt: int = 0) -> l
         if dtype == np.bool_:
             out.append(rng.integers(0, 2, size=shape).astype(bool))
         elif dtype.kind in "fc" or dtype == BF16:
-            values = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, size=shape)
+            wide = dtype.itemsize >= 4  # float16/bfloat16 products would overflow
+            values = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4 if wide else -2,
+                                                                       size=shape)
             if dtype.kind == "c":
                 values = values + 1j * rng.standard_normal(shape)
             out.append(np.asarray(values).astype(dtype))
@@ -92,6 +95,33 @@ def test_large_messages_in_several_steps(group, forced, dtype):
         mpi, on_node = _both(fc.all_reduce, inputs[group.rank], op, group=group.arg)
         assert same_bits(mpi, on_node), op
         assert same_bits(on_node, reference(inputs, op)), op
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_reduce_scatter_tensor_is_bit_identical(group, forced, dtype):
+    n = group.size
+    for shape, dim in [((0,), 0), ((n,), 0), ((2 * n, 3), 0), ((3, 2 * n), 1), ((n, 0), 0)]:
+        inputs = _inputs(dtype, shape, n, salt=11)
+        for op in OPS:
+            if reduce_error(dtype, op) is not None:
+                continue
+            mpi, on_node = _both(fc.reduce_scatter_tensor, inputs[group.rank], op,
+                                 group=group.arg, scatter_dim=dim)
+            assert same_bits(mpi, on_node), (op, shape, dim)
+
+
+def test_reduce_scatter_in_several_steps(group, forced):
+    """Blocks over a step's share (CHUNK / n) go piece by piece, each rank folding its own."""
+    n = group.size
+    count = (int(1.7 * shm.CHUNK) // 8 // n + 5) * n
+    inputs = _inputs(np.dtype("float64"), (count,), n, salt=13)
+    mpi, on_node = _both(fc.reduce_scatter_tensor, inputs[group.rank], "sum", group=group.arg)
+    assert same_bits(mpi, on_node)
+    assert same_bits(on_node, np.split(reference(inputs, "sum"), n)[group.rank])
+    xs = [a[group.rank] for a in (_inputs(np.dtype(d), (4 * n, 3), n, salt=17)
+                                  for d in (np.float32, BF16, np.int16))]
+    mpi, on_node = _both(fc.reduce_scatter_tensor_coalesced, xs, "sum", group=group.arg)
+    assert all(same_bits(a, b) for a, b in zip(mpi, on_node, strict=True))
 
 
 def test_non_contiguous_and_read_only_inputs(group, forced):
@@ -131,7 +161,7 @@ def test_the_segment_grows_and_serves_each_call(world_size):
         small = np.ones(8, np.float32)
         assert fc.all_reduce(small, group=g).tolist() == [world_size] * 8
         assert g.shm is None  # no call of a shared-memory size yet
-        for count in [shm.MIN_BYTES // 4, 200_000, shm.CHUNK // 2]:  # the last: 2 steps
+        for count in [shm.MIN_BYTES["all_reduce"] // 4, 200_000, shm.CHUNK // 2]:  # the last: 2 steps
             y = fc.all_reduce(np.full(count, 2.0, np.float32), group=g)
             assert y.shape == (count,) and (y == 2.0 * world_size).all()
         if world_size == 1:
@@ -150,7 +180,7 @@ def test_the_segment_grows_and_serves_each_call(world_size):
 def test_fast_path_hands_large_calls_to_shared_memory(world_size):
     if world_size == 1 or os.environ.get(shm.ENV, "auto") != "auto":
         pytest.skip("needs two ranks and the default setting")
-    x = np.ones(shm.MIN_BYTES // 8, np.int64)
+    x = np.ones(shm.MIN_BYTES["all_reduce"] // 8, np.int64)
     for _ in range(3):  # the first call learns the fast path; later ones must leave it
         steps = fc.world().shm.step if fc.world().shm else 0
         assert (fc.all_reduce(x) == world_size).all()

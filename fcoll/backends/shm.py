@@ -14,8 +14,8 @@ are bit-identical to the MPI path's for every dtype and op (integer and bitwise 
 exact in any order; floats are folded in rank order there too).
 
 Settings, read once per process (again after `fcoll.init`): ``FCOLL_SHM`` ``auto`` (default:
-on where it measured faster, messages of at least `MIN_BYTES`), ``1`` (every size, for
-tests), ``0`` (never); ``FCOLL_SHM_NODE_SIZE=k`` pretends each node holds ``k`` consecutive
+on where it measured faster, messages of at least `MIN_BYTES` per op), ``1`` (every size,
+for tests), ``0`` (never); ``FCOLL_SHM_NODE_SIZE=k`` pretends each node holds ``k`` consecutive
 global ranks (to test groups that span nodes on one machine). Every rank must see the same
 settings.
 """
@@ -35,28 +35,30 @@ NAME = "shm"
 ENV = "FCOLL_SHM"
 NODE_ENV = "FCOLL_SHM_NODE_SIZE"
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
-MIN_BYTES = 16 << 10  # per rank: below this MPI's all_reduce is faster (docs/performance.md)
+# Per-rank bytes from which shared memory beat MPI here (docs/performance.md); "1" sets 0.
+MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 64 << 10}
 NEVER = float("inf")
-_SETTING: list[tuple[float, int]] = []  # (bytes from which shm is used, node size), read once
+_MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
+_SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
 
 
-def settings() -> tuple[float, int]:
-    """``(bytes from which all_reduce goes through shared memory, simulated node size)``.
+def settings() -> tuple[str, int]:
+    """``FCOLL_SHM`` as ``"auto"``, ``"on"`` or ``"off"``, and the simulated node size
+    (``FCOLL_SHM_NODE_SIZE``; 0: the real nodes).
 
     Example:
-        >>> settings()                   # FCOLL_SHM unset
-        (16384, 0)
+        >>> settings()                   # neither variable set
+        ('auto', 0)
     """
     if _SETTING:
         return _SETTING[0]
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    limits = {"auto": MIN_BYTES, "1": 0, "on": 0, "0": NEVER, "off": NEVER}
-    if value not in limits:
+    if value not in _MODES:
         raise ValueError(f"{ENV}: expected one of auto, 1, 0, got {value!r}")
     size = os.environ.get(NODE_ENV, "").strip() or "0"
     if not size.isdigit():
         raise ValueError(f"{NODE_ENV}: expected a number of ranks per node, got {size!r}")
-    _SETTING.append((limits[value], int(size)))
+    _SETTING.append((_MODES[value], int(size)))
     return _SETTING[0]
 
 
@@ -68,12 +70,14 @@ def forget() -> None:
 _runtime.on_change(forget)
 
 
-def limit(group: Any) -> float:
-    """The per-rank bytes from which ``group``'s all_reduce uses shared memory (`NEVER`
-    where it cannot: one rank, or the group already found to span nodes)."""
+def limit(group: Any, op: str = "all_reduce") -> float:
+    """The per-rank bytes from which ``group``'s ``op`` (``all_reduce`` or
+    ``reduce_scatter``) uses shared memory: `NEVER` where it cannot (one rank, the group
+    found to span nodes, ``FCOLL_SHM=0``), 0 with ``FCOLL_SHM=1``, else `MIN_BYTES`."""
     if group.size < 2 or group.shm is False:
         return NEVER
-    return settings()[0]
+    mode = settings()[0]
+    return MIN_BYTES[op] if mode == "auto" else 0 if mode == "on" else NEVER
 
 
 def segment(call: Call) -> Segment | None:
@@ -112,51 +116,80 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
         >>> allreduce(call, np.array([r + 1.0]), np.add)    # rank r of 3 on one node
         array([6.])
     """
-    seg = segment(call)
-    if seg is None:
-        raise RuntimeError(f"{call.fn}: the shared-memory path needs a group on one node")
-    call.begin()
+    seg = _segment(call)
     flat = send.reshape(-1).view(np.uint8)
     out = np.empty(send.shape, send.dtype)
     dest = out.reshape(-1).view(np.uint8)
-    first = min(flat.size, CHUNK)
-    _start(call, seg, flat[:first], flat.size)
-    _fold(seg, seg.step, dest[:first], send.dtype, ufunc)
-    for start in range(first, flat.size, CHUNK):
+    for start in range(0, max(flat.size, 1), CHUNK):
         piece = flat[start : start + CHUNK]
-        seg.step += 1
-        seg.slot(seg.step, seg.rank)[: piece.size] = piece
-        seg.arrive(seg.step, piece.size)
-        seg.wait(seg.step, call)
-        _fold(seg, seg.step, dest[start : start + piece.size], send.dtype, ufunc)
+        _step(call, seg, piece, flat.size if start == 0 else None)
+        _fold([seg.slot(seg.step, j)[: piece.size] for j in range(seg.n)],
+              dest[start : start + piece.size], send.dtype, ufunc)
     call.end()
     return out
 
 
-def _start(call: Call, seg: Segment, piece: np.ndarray, nbytes: int) -> None:
-    """The call's first step: copy in (if it fits), announce ``nbytes``, wait for all;
-    every rank raises the same `ValueError` when the ranks' sizes differ, and every rank
-    grows the segment when the step does not fit (then takes the step again)."""
+def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """Block ``rank`` of ``n`` along axis 0 of every rank's C-contiguous ``send``, reduced
+    with ``ufunc`` in group-rank order. Each step moves the next piece of every block, so
+    every rank folds its own block at every step.
+
+    Example:
+        >>> reduce_scatter_block(call, np.arange(4.0), np.add)   # each of 2 ranks on a node
+        array([0., 2.])                                          # rank 0; rank 1: [4., 6.]
+    """
+    seg = _segment(call)
+    n, me = seg.n, seg.rank
+    flat = send.reshape(-1).view(np.uint8)
+    blocks = flat.reshape(n, flat.size // n)
+    out = np.empty((send.shape[0] // n, *send.shape[1:]), send.dtype)
+    dest = out.reshape(-1).view(np.uint8)
+    step = max(64, CHUNK // n // 64 * 64)  # bytes of each block per step (whole elements)
+    for start in range(0, max(blocks.shape[1], 1), step):
+        pieces = blocks[:, start : start + step]
+        size = pieces.shape[1]
+        _step(call, seg, pieces, flat.size if start == 0 else None)
+        _fold([seg.slot(seg.step, j)[me * size : (me + 1) * size] for j in range(n)],
+              dest[start : start + size], send.dtype, ufunc)
+    call.end()
+    return out
+
+
+def _segment(call: Call) -> Segment:
+    seg = segment(call)
+    if seg is None:
+        raise RuntimeError(f"{call.fn}: the shared-memory path needs a group on one node")
+    call.begin()
+    return seg
+
+
+def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None) -> None:
+    """One step: this rank copies ``data`` (bytes, 1-D or one row per block) to the start
+    of its slot, arrives and waits for every rank. The first step of a call announces
+    ``total`` (the call's bytes on this rank): every rank raises the same `ValueError` when
+    the ranks' sizes differ, and every rank grows the segment when the step does not fit (then takes
+    the step again)."""
     seg.step += 1
-    fits = piece.size <= seg.capacity
+    need = data.size
+    fits = need <= seg.capacity
     if fits:
-        seg.slot(seg.step, seg.rank)[: piece.size] = piece
-    seg.arrive(seg.step, nbytes)
+        seg.slot(seg.step, seg.rank)[:need].reshape(data.shape)[...] = data
+    seg.arrive(seg.step, need if total is None else total)
     seg.wait(seg.step, call)
+    if total is None:
+        return
     sizes = seg.announced(seg.step)
     if len(set(sizes)) > 1:
         raise ValueError(f"{call.fn}: expected the same number of bytes on every rank of "
                          f"group {list(call.group.ranks)}, got {sizes} (by group rank)")
     if not fits:
-        seg.grow(max(piece.size, min(2 * seg.capacity, CHUNK)))
-        _start(call, seg, piece, nbytes)
+        seg.grow(max(need, min(2 * seg.capacity, CHUNK)))
+        _step(call, seg, data, total)
 
 
-def _fold(seg: Segment, step: int, dest: np.ndarray, dtype: np.dtype[Any], ufunc: np.ufunc) -> None:
-    """Fold every rank's slot of ``step`` into ``dest`` (bytes), in group-rank order."""
-    size = dest.size
+def _fold(rows: list[np.ndarray], dest: np.ndarray, dtype: np.dtype[Any], ufunc: np.ufunc) -> None:
+    """Fold ``rows`` (bytes, one per rank) into ``dest`` (bytes) as ``dtype``, in rank order."""
     out = dest.view(dtype)
-    rows = [seg.slot(step, j)[:size].view(dtype) for j in range(seg.n)]
-    ufunc(rows[0], rows[1], out=out)
+    ufunc(rows[0].view(dtype), rows[1].view(dtype), out=out)
     for row in rows[2:]:
-        ufunc(out, row, out=out)
+        ufunc(out, row.view(dtype), out=out)

@@ -105,13 +105,15 @@ def _all_reduce_small(g: Any, mpi_op: Any, shared: float) -> Fast:
     return run
 
 
-def reduce_scatter(g: Any, mpi_op: Any) -> Fast:
+def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf")) -> Fast:
+    """MPI's reduce_scatter; messages of ``shared`` bytes and more fall through to the full
+    path (on-node shared memory)."""
     comm, empty, n = g._comm, np.empty, g.size
     calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
-        if not shape or shape[0] % n or not x.flags.c_contiguous:
+        if not shape or shape[0] % n or not x.flags.c_contiguous or x.nbytes >= shared:
             return None
         g.seq += 1
         out = empty((shape[0] // n, *shape[1:]), x.dtype)

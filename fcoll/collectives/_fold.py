@@ -68,8 +68,12 @@ def reduce(call: Call, plan: ReductionPlan, wire: np.ndarray, root: int) -> np.n
 
 def reduce_scatter(call: Call, plan: ReductionPlan, wire: np.ndarray, counts: Sequence[int]
                    ) -> np.ndarray:
-    """Block ``rank`` (``counts[rank]`` elements) of the reduction of ``wire``."""
+    """Block ``rank`` (``counts[rank]`` elements) of the reduction of ``wire``: through
+    on-node shared memory where the blocks are equal and `fcoll._dispatch.on_node` says so."""
     wire = wire.reshape(-1)
+    if counts.count(counts[0]) == len(counts) and \
+            (shared := on_node(call, wire.nbytes, "reduce_scatter")) is not None:
+        return shared.reduce_scatter_block(call, wire, plan.fold_ufunc)  # type: ignore[no-any-return]
     if plan.ufunc is not None:
         return fold_reduce_scatter(call, wire, counts, plan.ufunc)
     if len(set(counts)) == 1:

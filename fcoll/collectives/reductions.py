@@ -170,9 +170,12 @@ def reduce_scatter_tensor(
         dim = check_dim(x, scatter_dim, fn, "scatter_dim")
         check_divisible(x.shape, dim, n, fn, f"x.shape[{scatter_dim}]")
     if not async_op and plan.direct and dim == 0 and x.flags.c_contiguous:  # the common case
+        shared = shm_limit(g, "reduce_scatter")  # MPI below this size, shared memory from it
         if type(op) is str and type(scatter_dim) is int:
-            _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op)
-        return backend.reduce_scatter_block(call, x, plan.op)
+            _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op,
+                        shared)
+        if x.nbytes < shared:
+            return backend.reduce_scatter_block(call, x, plan.op)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     if async_op:
