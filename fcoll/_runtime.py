@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import sys
 import warnings
@@ -189,7 +190,7 @@ def configure(timeout: Timeout, debug: str | None) -> None:
     seconds = to_seconds(timeout)
     level = _debug_level(debug)
     if timeout is not None or _state.timeout is None:
-        _state.timeout = seconds
+        _state.timeout = None if seconds == math.inf else seconds  # inf: wait forever again
     if debug is not None or "FCOLL_DEBUG" in os.environ:
         _state.debug = level
     _state.checking = _state.debug != "off"

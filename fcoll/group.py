@@ -7,6 +7,7 @@ of another. `resolve_group` is the one place that turns a ``group=`` argument in
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -220,7 +221,8 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
 
     Args:
         timeout: default deadline (seconds or `datetime.timedelta`) for blocking calls;
-            ``None`` waits forever. Later calls to `init` update it.
+            ``None`` waits forever. Later calls to `init` update it; ``None`` there keeps
+            it (`init` is idempotent), ``math.inf`` clears it.
         debug: ``"off"``, ``"info"`` or ``"detail"``; default from ``FCOLL_DEBUG``.
 
     Example:
@@ -370,6 +372,8 @@ def member(group: object, fn: str) -> tuple[Group, Call]:
     call = g.call
     call.fn, call.counted, call.slot, call.args = fn, False, -1, None  # counted once it communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
+    if timeout == math.inf:  # a group that waits forever under a job-wide deadline
+        timeout = None
     call.seconds = timeout
     if timeout is not None:
         call.start = time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import math
 import pickle
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 import fcoll as fc
 from fcoll import _runtime
+from fcoll.group import member
 
 X = np.ones((4, 3))
 BAD_CALLS = [
@@ -113,7 +115,16 @@ def test_init_arguments():
     assert _runtime.settings().timeout == 30.0
     fc.init(timeout=None)  # leaves the default deadline as it is
     assert _runtime.settings().timeout == 30.0
-    _runtime.settings().timeout = None  # later tests run without a default deadline
+    fc.init(timeout=math.inf)  # clears it: later tests run without a default deadline
+    assert _runtime.settings().timeout is None
+    g = fc.new_group(timeout=math.inf)  # a group that waits forever under a job-wide deadline
+    fc.init(timeout=30)
+    try:
+        _, call = member(g, "barrier")
+        assert call.seconds is None and member(None, "barrier")[1].seconds == 30.0
+    finally:
+        fc.init(timeout=math.inf)
+        g.destroy()
     with pytest.raises(ValueError, match="debug"):
         fc.init(debug="loud")
     with pytest.raises(TypeError, match="timeout"):
