@@ -21,7 +21,8 @@ Report = dict[str, dict[str, str]]
 # Environment variables fcoll reads (all FCOLL_* that are set are shown too), and MPICH
 # and Open MPI settings fcoll may set itself when ranks outnumber cores (fcoll._runtime).
 KNOBS = ("FCOLL_MPI_THREAD_LEVEL", "FCOLL_DEBUG", "FCOLL_MALLOC_TUNING", "FCOLL_GPU_TRANSPORT",
-         "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI", "FCOLL_ALLOW_SINGLETON", "FCOLL_TRACE")
+         "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI", "FCOLL_ALLOW_SINGLETON", "FCOLL_TRACE",
+         "FCOLL_SHM", "FCOLL_SHM_NODE_SIZE")
 MPICH_SET = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
              "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_CH4_PROGRESS_THROTTLE",
              "OMPI_MCA_mpi_yield_when_idle")
