@@ -1,0 +1,163 @@
+"""torch training data-parallel: `fcoll.dp` on tensors against torch DDP over gloo, same job.
+
+    mpiexec -n 2 .venv/bin/python bench/bench_torch_ddp.py [--hidden 1024 2048] [--steps 30]
+
+The model is examples/train_torch.py's MLP with 256 inputs (four linear layers: 2.37 M
+parameters at ``--hidden 1024``, 8.93 M at 2048), built from the same seed twice on every
+rank: one copy wrapped in `torch.nn.parallel.DistributedDataParallel` over gloo, one
+trained with `fc.dp` on its tensors (examples/train_torch.py's ``train_step``: backward,
+then `fc.dp.average_gradients`). Both run torch's SGD (momentum 0.9) on the same synthetic
+batches (each rank its slice of a global batch of ``--batch``), step by step in turns (the
+order alternating each step), so machine noise falls on both alike. Each step is timed
+between barriers, as the slowest rank's time; the first ``--warmup`` steps are not counted.
+
+Reported per model: the median step time of each, their ratio (fcoll / DDP), and the
+largest absolute difference between the two copies' final parameters (0: bit-identical).
+One thread per rank (``torch.set_num_threads(1)``). Rows are appended to ``--csv``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per rank: no intra-op threads
+
+import argparse
+import csv
+import datetime
+import functools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import fcoll as fc
+
+fc.init()
+from mpi4py import MPI  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+from impls import start_gloo  # noqa: E402
+from train_torch import OverlappedAverager, broadcast_model, make_model, train_step  # noqa: E402
+
+FEATURES, CLASSES = 256, 10
+VARIANTS = ("ddp", "fcoll", "overlap")
+
+
+def batches(steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same synthetic global batches on every rank (labels from a fixed linear teacher)."""
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.randn(FEATURES, CLASSES, generator=g)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(batch, FEATURES, generator=g)
+        out.append((x, (x @ teacher).argmax(1)))
+    return out
+
+
+def ddp_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+             y: torch.Tensor) -> float:
+    """One DDP step: backward all-reduces the gradients (gloo, overlapped, divided by n)."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def timed(step: Callable[[], object], comm: MPI.Comm) -> float:
+    """Seconds one step took on the slowest rank (barriers outside the timed region)."""
+    comm.Barrier()
+    start = time.perf_counter()
+    step()
+    elapsed = time.perf_counter() - start
+    return float(comm.allreduce(elapsed, op=MPI.MAX))
+
+
+def compare(hidden: int, steps: int, warmup: int, batch: int, cap: float,
+            comm: MPI.Comm) -> dict[str, object]:
+    """Train the three copies side by side; their median step times and final differences."""
+    r, n = comm.Get_rank(), comm.Get_size()
+    models = {name: make_model(FEATURES, hidden, CLASSES, seed=0) for name in VARIANTS}
+    ddp = DistributedDataParallel(models["ddp"], bucket_cap_mb=cap)  # broadcasts rank 0's
+    broadcast_model(models["fcoll"])
+    broadcast_model(models["overlap"])
+    overlapped = OverlappedAverager(models["overlap"], bucket_cap_mb=cap)
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in models.items()}
+    per_rank = batch // n
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for i, (x, y) in enumerate(batches(warmup + steps, batch)):
+        xs, ys = x[r * per_rank : (r + 1) * per_rank], y[r * per_rank : (r + 1) * per_rank]
+        runs: list[tuple[str, Callable[[], object]]] = [
+            ("ddp", functools.partial(ddp_step, ddp, opts["ddp"], xs, ys)),
+            ("fcoll", functools.partial(train_step, models["fcoll"], opts["fcoll"], xs, ys)),
+            ("overlap", functools.partial(train_step, models["overlap"], opts["overlap"], xs, ys,
+                                          overlapped))]
+        for name, step in runs[i % 3:] + runs[: i % 3]:  # each goes first in turn
+            t = timed(step, comm)
+            if i >= warmup:
+                times[name].append(t)
+    row: dict[str, object] = {"n": n, "params": sum(p.numel() for p in models["ddp"].parameters()),
+                              "hidden": hidden, "batch": batch, "steps": steps, "bucket_cap_mb": cap}
+    ddp_ms = statistics.median(times["ddp"]) * 1e3
+    row["ddp_ms"] = round(ddp_ms, 2)
+    for name in ("fcoll", "overlap"):
+        ms = statistics.median(times[name]) * 1e3
+        diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
+                   zip(models["ddp"].parameters(), models[name].parameters(), strict=True))
+        row[f"{name}_ms"] = round(ms, 2)
+        row[f"{name}_ratio"] = round(ms / ddp_ms, 3)
+        row[f"{name}_max_abs_diff"] = float(comm.allreduce(diff, op=MPI.MAX))
+    return row
+
+
+def _same(diff: object) -> str:
+    return "bit-identical" if diff == 0.0 else f"max abs diff {float(str(diff)):.1e}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[1024, 2048])
+    parser.add_argument("--steps", type=int, default=30, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--batch", type=int, default=128, help="global batch")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's and fcoll's")
+    parser.add_argument("--csv", type=Path, default=ROOT / "bench" / "results" / "torch_ddp.csv")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD.Dup()
+    why = start_gloo(comm)
+    if why is not None:
+        raise SystemExit(f"bench_torch_ddp: {why}")
+    rows = [compare(h, args.steps, args.warmup, args.batch, args.bucket_cap_mb, comm)
+            for h in args.hidden]
+    dist.destroy_process_group()  # join gloo's threads before exit
+    if comm.Get_rank() == 0:
+        print("| n | parameters | DDP (gloo) ms/step | fcoll.dp ms/step | fcoll / DDP | "
+              "overlapped ms/step | overlapped / DDP | final parameters vs DDP |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---|")
+        for row in rows:
+            same = _same(row["fcoll_max_abs_diff"])
+            if row["overlap_max_abs_diff"] != row["fcoll_max_abs_diff"]:
+                same += f" (overlapped: {_same(row['overlap_max_abs_diff'])})"
+            print(f"| {row['n']} | {int(str(row['params'])) / 1e6:.2f} M | {row['ddp_ms']:.1f} | "
+                  f"{row['fcoll_ms']:.1f} | {row['fcoll_ratio']:.2f} | {row['overlap_ms']:.1f} | "
+                  f"{row['overlap_ratio']:.2f} | {same} |")
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        new = not args.csv.exists()
+        with args.csv.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["date", *rows[0]])
+            if new:
+                writer.writeheader()
+            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            writer.writerows({"date": stamp, **row} for row in rows)
+
+
+if __name__ == "__main__":
+    main()
