@@ -62,8 +62,9 @@ grad_fn: Callable[..., tuple[jax.Array, Params]] = jax.jit(jax.value_and_grad(lo
 
 
 @jax.jit
-def sgd(params: Params, grads: Params) -> Params:
-    return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
+def sgd(params: Params, grads: Params, lr: float = LR) -> Params:
+    """One plain SGD step (``lr`` is traced: changing it does not recompile)."""
+    return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
 
 
 def load() -> tuple[np.ndarray, np.ndarray]:
