@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from tests import jobs
 from tests.jobs import environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,3 +72,22 @@ def test_gpu_bench_without_a_gpu_says_so_and_its_table_reads():
     row = {"op": "all_reduce", "bytes": 8, "fcoll": 11.0, "raw": 5.5, "raw+new": 10.0, "torch": 22.0}
     table = bench_gpu._markdown([row]).splitlines()
     assert table[2].startswith("| all_reduce | 8 | 11.0 | 5.5 | 10.0 | 22.0 | — | — | 2.00 | 1.10 | 0.50 |")
+
+
+@pytest.mark.parametrize("script", ["bench_torch_ddp.py", "bench_jax_pmean.py"])
+def test_training_benches_run_at_two_ranks(script, tmp_path):
+    """bench/bench_torch_ddp.py (fcoll.dp against DDP over gloo) and bench/bench_jax_pmean.py
+    (fcoll.lax.pmean against one process), tiny: at n = 2 fcoll's parameters equal DDP's bit
+    for bit (a + b in either order), and JAX's averaged gradient is the whole batch's."""
+    pytest.importorskip("torch" if "torch" in script else "jax")
+    out = tmp_path / "rows.csv"
+    done = jobs.run(2, sys.executable, str(ROOT / "bench" / script), "--hidden", "32", "--steps", "3",
+                    "--warmup", "1", "--csv", str(out), timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = next(csv.DictReader(out.open()))
+    if "torch" in script:
+        assert row["fcoll_max_abs_diff"] == row["overlap_max_abs_diff"] == "0.0", row
+        assert "bit-identical" in done.stdout
+    else:
+        assert 0 <= float(row["grad_rel_diff"]) < 1e-5, row
+    assert float(row["n"]) == 2 and "| 2 |" in done.stdout
