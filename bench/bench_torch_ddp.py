@@ -3,16 +3,18 @@
     mpiexec -n 2 .venv/bin/python bench/bench_torch_ddp.py [--hidden 1024 2048] [--steps 30]
 
 The model is examples/train_torch.py's MLP with 256 inputs (four linear layers: 2.37 M
-parameters at ``--hidden 1024``, 8.93 M at 2048), built from the same seed twice on every
-rank: one copy wrapped in `torch.nn.parallel.DistributedDataParallel` over gloo, one
-trained with `fc.dp` on its tensors (examples/train_torch.py's ``train_step``: backward,
-then `fc.dp.average_gradients`). Both run torch's SGD (momentum 0.9) on the same synthetic
-batches (each rank its slice of a global batch of ``--batch``), step by step in turns (the
-order alternating each step), so machine noise falls on both alike. Each step is timed
-between barriers, as the slowest rank's time; the first ``--warmup`` steps are not counted.
+parameters at ``--hidden 1024``, 8.93 M at 2048), built from the same seed three times on
+every rank and trained three ways: wrapped in `torch.nn.parallel.DistributedDataParallel`
+over gloo; with `fc.dp.average_gradients` on its tensors after backward
+(examples/train_torch.py's ``train_step``); and with a `fc.dp.GradientAverager` that hooks
+push each gradient to during backward (``OverlappedAverager``, DDP's overlap). All run
+torch's SGD (momentum 0.9) on the same synthetic batches (each rank its slice of a global
+batch of ``--batch``), step by step in turns (each going first in turn), so machine noise
+falls on all alike. Each step is timed between barriers, as the slowest rank's time; the
+first ``--warmup`` steps are not counted. DDP and fcoll use the same ``--bucket-cap-mb``.
 
-Reported per model: the median step time of each, their ratio (fcoll / DDP), and the
-largest absolute difference between the two copies' final parameters (0: bit-identical).
+Reported per model: the median step time of each, the ratios to DDP, and the largest
+absolute difference between DDP's final parameters and each fcoll copy's (0: bit-identical).
 One thread per rank (``torch.set_num_threads(1)``). Rows are appended to ``--csv``.
 """
 
