@@ -3,11 +3,12 @@
     mpiexec -n 2 .venv/bin/python bench/bench_torch_ddp.py [--hidden 1024 2048] [--steps 30]
 
 The model is examples/train_torch.py's MLP with 256 inputs (four linear layers: 2.37 M
-parameters at ``--hidden 1024``, 8.93 M at 2048), built from the same seed three times on
-every rank and trained three ways: wrapped in `torch.nn.parallel.DistributedDataParallel`
+parameters at ``--hidden 1024``, 8.93 M at 2048), built from the same seed four times on
+every rank and trained four ways: wrapped in `torch.nn.parallel.DistributedDataParallel`
 over gloo; with `fc.dp.average_gradients` on its tensors after backward
 (examples/train_torch.py's ``train_step``); and with a `fc.dp.GradientAverager` that hooks
-push each gradient to during backward (``OverlappedAverager``, DDP's overlap). All run
+push each gradient to during backward (``OverlappedAverager``, DDP's overlap); and, for
+scale, with one blocking `fc.all_reduce_coalesced` of the gradients (no `fcoll.dp`). All run
 torch's SGD (momentum 0.9) on the same synthetic batches (each rank its slice of a global
 batch of ``--batch``), step by step in turns (each going first in turn), so machine noise
 falls on all alike. Each step is timed between barriers, as the slowest rank's time; the
@@ -49,7 +50,7 @@ from impls import start_gloo  # noqa: E402
 from train_torch import OverlappedAverager, broadcast_model, make_model, train_step  # noqa: E402
 
 FEATURES, CLASSES = 256, 10
-VARIANTS = ("ddp", "fcoll", "overlap")
+VARIANTS = ("ddp", "fcoll", "overlap", "coalesced")
 
 
 def batches(steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -73,6 +74,20 @@ def ddp_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.
     return loss.item()
 
 
+def coalesced_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   y: torch.Tensor) -> float:
+    """A step averaging with one blocking `fc.all_reduce_coalesced` (no `fcoll.dp`): what
+    the averaging costs without the nonblocking buckets `fc.dp` waits on."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    for p, grad in zip(params, fc.all_reduce_coalesced([p.grad for p in params], "avg"), strict=True):
+        p.grad = grad
+    optimizer.step()
+    return loss.item()
+
+
 def timed(step: Callable[[], object], comm: MPI.Comm) -> float:
     """Seconds one step took on the slowest rank (barriers outside the timed region)."""
     comm.Barrier()
@@ -90,6 +105,7 @@ def compare(hidden: int, steps: int, warmup: int, batch: int, cap: float,
     ddp = DistributedDataParallel(models["ddp"], bucket_cap_mb=cap)  # broadcasts rank 0's
     broadcast_model(models["fcoll"])
     broadcast_model(models["overlap"])
+    broadcast_model(models["coalesced"])
     overlapped = OverlappedAverager(models["overlap"], bucket_cap_mb=cap)
     opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in models.items()}
     per_rank = batch // n
@@ -100,8 +116,11 @@ def compare(hidden: int, steps: int, warmup: int, batch: int, cap: float,
             ("ddp", functools.partial(ddp_step, ddp, opts["ddp"], xs, ys)),
             ("fcoll", functools.partial(train_step, models["fcoll"], opts["fcoll"], xs, ys)),
             ("overlap", functools.partial(train_step, models["overlap"], opts["overlap"], xs, ys,
-                                          overlapped))]
-        for name, step in runs[i % 3:] + runs[: i % 3]:  # each goes first in turn
+                                          overlapped)),
+            ("coalesced", functools.partial(coalesced_step, models["coalesced"], opts["coalesced"],
+                                            xs, ys))]
+        k = i % len(runs)
+        for name, step in runs[k:] + runs[:k]:  # each goes first in turn
             t = timed(step, comm)
             if i >= warmup:
                 times[name].append(t)
@@ -109,7 +128,7 @@ def compare(hidden: int, steps: int, warmup: int, batch: int, cap: float,
                               "hidden": hidden, "batch": batch, "steps": steps, "bucket_cap_mb": cap}
     ddp_ms = statistics.median(times["ddp"]) * 1e3
     row["ddp_ms"] = round(ddp_ms, 2)
-    for name in ("fcoll", "overlap"):
+    for name in VARIANTS[1:]:
         ms = statistics.median(times[name]) * 1e3
         diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
                    zip(models["ddp"].parameters(), models[name].parameters(), strict=True))
@@ -142,15 +161,18 @@ def main() -> None:
     dist.destroy_process_group()  # join gloo's threads before exit
     if comm.Get_rank() == 0:
         print("| n | parameters | DDP (gloo) ms/step | fcoll.dp ms/step | fcoll / DDP | "
-              "overlapped ms/step | overlapped / DDP | final parameters vs DDP |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---|")
+              "overlapped ms/step | overlapped / DDP | coalesced ms/step | coalesced / DDP | "
+              "final parameters vs DDP |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for row in rows:
             same = _same(row["fcoll_max_abs_diff"])
-            if row["overlap_max_abs_diff"] != row["fcoll_max_abs_diff"]:
-                same += f" (overlapped: {_same(row['overlap_max_abs_diff'])})"
+            for other in ("overlap", "coalesced"):
+                if row[f"{other}_max_abs_diff"] != row["fcoll_max_abs_diff"]:
+                    same += f" ({other}: {_same(row[f'{other}_max_abs_diff'])})"
             print(f"| {row['n']} | {int(str(row['params'])) / 1e6:.2f} M | {row['ddp_ms']:.1f} | "
                   f"{row['fcoll_ms']:.1f} | {row['fcoll_ratio']:.2f} | {row['overlap_ms']:.1f} | "
-                  f"{row['overlap_ratio']:.2f} | {same} |")
+                  f"{row['overlap_ratio']:.2f} | {row['coalesced_ms']:.1f} | "
+                  f"{row['coalesced_ratio']:.2f} | {same} |")
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         new = not args.csv.exists()
         with args.csv.open("a", newline="") as f:
