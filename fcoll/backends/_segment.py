@@ -77,6 +77,8 @@ class Segment:
         if self.rank == 0:
             self.mem[: self.head] = 0
         self.ctl = memoryview(self.mem[: self.head]).cast("q")  # type: ignore[arg-type]
+        self.slots = [[self.mem[self.head + (p * self.n + j) * capacity :][:capacity]
+                       for j in range(self.n)] for p in (0, 1)]  # by parity, then rank
         if FENCE:
             self.win.Lock_all(MPI.MODE_NOCHECK)
         self.node.Barrier()  # the zeroed flags are seen by all before any step
@@ -84,8 +86,7 @@ class Segment:
 
     def slot(self, step: int, rank: int) -> np.ndarray:
         """The bytes of ``rank``'s slot for ``step``."""
-        start = self.head + ((step & 1) * self.n + rank) * self.capacity
-        return self.mem[start : start + self.capacity]
+        return self.slots[step & 1][rank]
 
     def arrive(self, step: int, nbytes: int) -> None:
         """This rank's data for ``step`` is in its slot; its call moves ``nbytes``."""
@@ -143,7 +144,7 @@ class Segment:
         if FENCE:
             self.win.Unlock_all()
         self.ctl.release()
-        del self.mem
+        del self.mem, self.slots
         self.win.Free()
         self.win = None
 

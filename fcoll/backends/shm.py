@@ -36,7 +36,7 @@ ENV = "FCOLL_SHM"
 NODE_ENV = "FCOLL_SHM_NODE_SIZE"
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 # Per-rank bytes from which shared memory beat MPI here (docs/performance.md); "1" sets 0.
-MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 64 << 10}
+MIN_BYTES = {"all_reduce": 32 << 10, "reduce_scatter": 256 << 10}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
@@ -123,7 +123,7 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     for start in range(0, max(flat.size, 1), CHUNK):
         piece = flat[start : start + CHUNK]
         _step(call, seg, piece, flat.size if start == 0 else None)
-        _fold([seg.slot(seg.step, j)[: piece.size] for j in range(seg.n)],
+        _fold([slot[: piece.size] for slot in seg.slots[seg.step & 1]],
               dest[start : start + piece.size], send.dtype, ufunc)
     call.end()
     return out
@@ -149,7 +149,7 @@ def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.nd
         pieces = blocks[:, start : start + step]
         size = pieces.shape[1]
         _step(call, seg, pieces, flat.size if start == 0 else None)
-        _fold([seg.slot(seg.step, j)[me * size : (me + 1) * size] for j in range(n)],
+        _fold([slot[me * size : (me + 1) * size] for slot in seg.slots[seg.step & 1]],
               dest[start : start + size], send.dtype, ufunc)
     call.end()
     return out
