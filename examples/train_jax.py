@@ -64,7 +64,8 @@ grad_fn: Callable[..., tuple[jax.Array, Params]] = jax.jit(jax.value_and_grad(lo
 @jax.jit
 def sgd(params: Params, grads: Params, lr: float = LR) -> Params:
     """One plain SGD step (``lr`` is traced: changing it does not recompile)."""
-    return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+    stepped: Params = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+    return stepped
 
 
 def load() -> tuple[np.ndarray, np.ndarray]:

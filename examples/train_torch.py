@@ -127,7 +127,7 @@ def parameters_identical(model: torch.nn.Module) -> bool:
 
 def global_batches(epochs: int, steps: int, rows: int) -> list[torch.Tensor]:
     """The row indices of every global batch, the same on every rank (a shuffle per epoch)."""
-    out = []
+    out: list[torch.Tensor] = []
     for epoch in range(epochs):
         order = torch.randperm(rows, generator=torch.Generator().manual_seed(1 + epoch))
         out.extend(order[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH] for step in range(steps))
