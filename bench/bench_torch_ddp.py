@@ -14,8 +14,10 @@ batch of ``--batch``), step by step in turns (each going first in turn), so mach
 falls on all alike. Each step is timed between barriers, as the slowest rank's time; the
 first ``--warmup`` steps are not counted. DDP and fcoll use the same ``--bucket-cap-mb``.
 
-Reported per model: the median step time of each, the ratios to DDP, and the largest
-absolute difference between DDP's final parameters and each fcoll copy's (0: bit-identical).
+Reported per model: the median step time of each, the ratios to DDP (the median over
+steps of the step's time over DDP's in the same step: paired, as bench/run.py's), and
+the largest absolute difference between DDP's final parameters and each fcoll copy's
+(0: bit-identical).
 One thread per rank (``torch.set_num_threads(1)``). Rows are appended to ``--csv``.
 """
 
@@ -133,7 +135,9 @@ def compare(hidden: int, steps: int, warmup: int, batch: int, cap: float,
         diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
                    zip(models["ddp"].parameters(), models[name].parameters(), strict=True))
         row[f"{name}_ms"] = round(ms, 2)
-        row[f"{name}_ratio"] = round(ms / ddp_ms, 3)
+        # Paired: the median over steps of this copy's time over DDP's in the same step.
+        row[f"{name}_ratio"] = round(statistics.median(
+            a / b for a, b in zip(times[name], times["ddp"], strict=True)), 3)
         row[f"{name}_max_abs_diff"] = float(comm.allreduce(diff, op=MPI.MAX))
     return row
 
