@@ -47,6 +47,7 @@ def init_params(sizes: list[int], seed: int) -> Params:
 
 
 def logits(params: Params, x: jax.Array) -> jax.Array:
+    """The MLP's output: ReLU after every layer but the last."""
     for layer in params[:-1]:
         x = jax.nn.relu(x @ layer["w"] + layer["b"])
     return x @ params[-1]["w"] + params[-1]["b"]
@@ -116,6 +117,7 @@ def max_difference(a: Params, b: Params) -> float:
 
 
 def accuracy(params: Params, x: np.ndarray, y: np.ndarray) -> float:
+    """The fraction of rows of ``x`` the model classifies as ``y``."""
     return float(jnp.mean(jnp.argmax(logits(params, jnp.asarray(x)), axis=1) == y))
 
 

@@ -114,6 +114,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torc
 
 
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The fraction of rows of ``x`` the model classifies as ``y``."""
     with torch.no_grad():
         return float((model(x).argmax(1) == y).float().mean())
 
@@ -136,7 +137,7 @@ def global_batches(epochs: int, steps: int, rows: int) -> list[torch.Tensor]:
 
 def train(epochs: int, hidden: int = 1024, steps_per_epoch: int | None = None,
           verbose: bool = True, overlap: bool = False) -> tuple[torch.nn.Module, list[float]]:
-    """Train data-parallel over the job; returns the model and the mean loss of each epoch.
+    """Train data-parallel over the job; returns the model and this rank's loss at each step.
 
     ``overlap``: average during backward (`OverlappedAverager`) instead of after it."""
     torch.set_num_threads(1)  # one core per rank
