@@ -234,6 +234,8 @@ def isend(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
 class _Receive(Operation):
     """irecv: probe for the header without blocking, then receive the rest."""
 
+    needs_polling = True  # its receive is posted only once this process probes
+
     def __init__(self, g: Group, call: Call, source: int, tag: int) -> None:
         super().__init__("irecv", g)
         self._comm, self._wanted, self._tag = call.comm, source, tag

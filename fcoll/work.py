@@ -171,7 +171,14 @@ def wait_requests(requests: list[Any], call: Call) -> None:
 
 
 class Operation(abc.ABC):
-    """One operation in flight. Subclasses implement `_advance` (non-blocking progress)."""
+    """One operation in flight. Subclasses implement `_advance` (non-blocking progress).
+
+    ``needs_polling``: the operation only moves when this process advances it (an `irecv`
+    posts its receive once it has probed the header), so while it is pending, waiting for
+    anything else on the group polls everything instead of blocking in MPI.
+    """
+
+    needs_polling = False
 
     def __init__(self, name: str, group: Any) -> None:
         self.name = name
@@ -198,13 +205,17 @@ class Operation(abc.ABC):
     def finish(self, timeout: float | None) -> Any:
         """Complete the operation (within ``timeout`` seconds if given) and return its value.
 
-        With other operations of the group in flight, it polls and advances them too: an
-        `irecv` is only posted once probed, and a peer's (or this rank's own) `isend` may
-        need it before this operation can complete.
+        Without a deadline it blocks in MPI when that is safe: this is the oldest operation
+        of the group in flight (a peer that waits for an older one first advances it, as
+        this process's own wait would not) and none in flight needs polling. Otherwise it
+        polls and advances the others too: an `irecv` is only posted once probed, and a
+        peer's (or this rank's own) `isend` may need it before this operation can complete.
         """
         if self.done:
             return self.value
-        if timeout is None and len(self.group.pending) == 1:
+        pending = self.group.pending
+        if timeout is None and (not pending or pending[0] is self) and not any(
+                op.needs_polling for op in pending if op is not self):
             self._block()
         else:
             self._poll(timeout)

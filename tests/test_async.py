@@ -163,3 +163,27 @@ def test_large_folded_all_reduce_in_two_steps(group, dtype):
     for k, x in enumerate(xs):
         want = fc.all_reduce(x, "sum" if k % 2 else "avg", group.arg)
         assert same_bits(got[k], want), k
+
+
+@pytest.mark.parametrize("irecv_first", [True, False])
+def test_waiting_on_a_collective_advances_a_pending_irecv(irecv_first):
+    """Rank 0 waits on an async all-reduce while its irecv of a large message is pending;
+    rank 1 sends that message with a blocking send first. The wait must post the receive
+    (by polling) rather than block in MPI, or both ranks hang."""
+    if fc.get_world_size() < 2:
+        pytest.skip("needs two ranks")
+    me, big = fc.get_rank(), np.arange(1 << 18, dtype=np.float64)  # 2 MiB: a rendezvous send
+    x = np.full(3, float(me))
+    if me == 0:
+        if irecv_first:
+            received, reduced = fc.irecv(1), fc.all_reduce(x, async_op=True)
+        else:
+            reduced = fc.all_reduce(x, async_op=True)
+            received = fc.irecv(1)
+        total = reduced.wait()
+        np.testing.assert_array_equal(received.wait(), big)
+    else:
+        if me == 1:
+            fc.send(big, 0)
+        total = fc.all_reduce(x, async_op=True).wait()
+    np.testing.assert_array_equal(total, np.full(3, sum(range(fc.get_world_size())), float))
