@@ -136,6 +136,7 @@ class GradientAverager:
         self.cap = _checked_cap(bucket_cap_mb)
         self.hook: Hook = hook if hook is not None else _COMPRESSION[compression]
         self._syncing = True
+        self._blocking = False  # inside __call__: the caller waits at once
         self._xp: ModuleType = np  # the array module of the gradients held (open, accumulated)
         self._like: Any = None  # their torch tensor or JAX array, if they came as those
         self._accumulated: dict[Any, Array] = {}
@@ -195,8 +196,15 @@ class GradientAverager:
             self._syncing = True
 
     def __call__(self, grads: Any) -> Any:
-        """The tree of gradients averaged over the group (local sums under no_sync)."""
-        return self.start(grads).wait()
+        """The tree of gradients averaged over the group (local sums under no_sync).
+
+        The caller waits at once, so each bucket is one blocking all-reduce (which may take
+        the on-node shared-memory path; nonblocking ones always take MPI)."""
+        self._blocking = True
+        try:
+            return self.start(grads).wait()
+        finally:
+            self._blocking = False
 
     def start(self, grads: Any) -> Work:
         """Start averaging a whole tree; ``wait()`` returns the averaged tree.
@@ -343,6 +351,9 @@ class GradientAverager:
             work = _reduce_owned(bucket.flat(), self.group, "sum").then(
                 lambda total: (total / count).astype(total.dtype))
             self._launched.append((bucket, work))
+            return
+        if self._blocking and self.hook is allreduce_hook:
+            self._launched.append((bucket, all_reduce(bucket.flat(), "avg", self.group)))
             return
         hook = _average_owned if self.hook is allreduce_hook else self.hook
         self._launched.append((bucket, hook(bucket.flat(), self.group)))
