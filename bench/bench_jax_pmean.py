@@ -1,6 +1,6 @@
 """JAX training data-parallel with `fcoll.lax.pmean`, against one process on the whole batch.
 
-    mpiexec -n 2 .venv/bin/python bench/bench_jax_pmean.py [--hidden 1024 2048] [--steps 30]
+    mpiexec -bind-to core -n 2 .venv/bin/python bench/bench_jax_pmean.py [--hidden 1024 2048]
 
 JAX has no multi-process data parallelism on the CPU, so the reference is the same
 training in one process. The model is examples/train_jax.py's MLP with 256 inputs and four
@@ -10,7 +10,9 @@ computes the gradient of its slice's mean loss (jitted `jax.value_and_grad`), av
 gradient pytree with ``fc.lax.pmean(grads, "dp")`` and steps. Reference: rank 0 alone,
 afterwards, on the whole global batches. Each step is timed between barriers (the slowest
 rank's time; the pmean's share measured inside it); the first ``--warmup`` steps (which
-compile) are not counted. One thread per rank (XLA's CPU backend without Eigen threads).
+compile) are not counted. XLA's CPU runtime uses every core it may, whatever ``XLA_FLAGS``
+says (here a step took 16.7 ms free and 29.7 ms on one core), so bind the ranks to cores
+(MPICH's ``-bind-to core``): then the single process gets one core, as each rank does.
 
 Reported per model: median step time of each, the pmean's median, the speed-up of
 data-parallel over the single process, the largest absolute difference between the two

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 
-# One thread per rank (set before JAX starts its CPU backend).
+# Fewer XLA threads per rank (read when JAX starts its CPU backend). XLA's CPU runtime may
+# still use every core it is allowed: `mpiexec -bind-to core` gives each rank one.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 import argparse
