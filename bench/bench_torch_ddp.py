@@ -146,6 +146,32 @@ def _same(diff: object) -> str:
     return "bit-identical" if diff == 0.0 else f"max abs diff {float(str(diff)):.1e}"
 
 
+def plot(rows_csv: Path, out: Path) -> None:
+    """Bars of the step time of each copy, from the last row of ``rows_csv`` for every
+    (world size, model size), relative to DDP's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latest = {(r["n"], r["params"]): r for r in csv.DictReader(rows_csv.open())}
+    labels = [f"n={n}, {int(p) / 1e6:.2f} M" for n, p in latest]
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    width = 0.8 / len(VARIANTS)
+    names = {"ddp": "DDP (gloo)", "fcoll": "fc.dp.average_gradients", "overlap": "overlapped push",
+             "coalesced": "blocking coalesced"}
+    for k, name in enumerate(VARIANTS):
+        values = [1.0 if name == "ddp" else float(r[f"{name}_ratio"]) for r in latest.values()]
+        ax.bar([i + (k - 1.5) * width for i in range(len(labels))], values, width, label=names[name])
+    ax.axhline(0.9, color="black", lw=0.8, ls="--")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("step time / DDP's (paired)")
+    ax.set_ylim(0, 1.25)
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[1024, 2048])
@@ -154,7 +180,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="global batch")
     parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's and fcoll's")
     parser.add_argument("--csv", type=Path, default=ROOT / "bench" / "results" / "torch_ddp.csv")
+    parser.add_argument("--plot", type=Path, metavar="PNG",
+                        help="only draw the latest rows of --csv as bars into PNG, and exit")
     args = parser.parse_args()
+    if args.plot is not None:
+        plot(args.csv, args.plot)
+        return
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD.Dup()
     why = start_gloo(comm)
