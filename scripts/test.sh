@@ -24,7 +24,7 @@ for n in ${SIZES:-1 2 3 4}; do
 done
 # The reduction tests again with the on-node shared-memory transport forced off (every
 # size through MPI) and forced on (every size through the segment; the default uses it
-# from 32 KiB), so both transports pass the same checks (docs/performance.md).
+# from 192 KiB), so both transports pass the same checks (docs/performance.md).
 for shm in 0 1; do
   for n in ${SIZES:-1 2 3 4}; do
     echo "=== world size $n ($mpi), FCOLL_SHM=$shm"

@@ -181,8 +181,11 @@ def test_fast_path_hands_large_calls_to_shared_memory(world_size):
     if world_size == 1 or os.environ.get(shm.ENV, "auto") != "auto":
         pytest.skip("needs two ranks and the default setting")
     x = np.ones(shm.MIN_BYTES["all_reduce"] // 8, np.int64)
-    for _ in range(3):  # the first call learns the fast path; later ones must leave it
-        steps = fc.world().shm.step if fc.world().shm else 0
+    small = np.ones(3, np.int64)
+    assert (fc.all_reduce(x) == world_size).all()  # makes (or grows) the world's segment
+    for _ in range(3):  # the small call learns the fast path; the large ones must leave it
+        assert (fc.all_reduce(small) == world_size).all()
+        steps = fc.world().shm.step
         assert (fc.all_reduce(x) == world_size).all()
         assert fc.world().shm.step == steps + 1
 

@@ -36,7 +36,7 @@ ENV = "FCOLL_SHM"
 NODE_ENV = "FCOLL_SHM_NODE_SIZE"
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 # Per-rank bytes from which shared memory beat MPI here (docs/performance.md); "1" sets 0.
-MIN_BYTES = {"all_reduce": 32 << 10, "reduce_scatter": 256 << 10}
+MIN_BYTES = {"all_reduce": 192 << 10, "reduce_scatter": 512 << 10}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
