@@ -223,7 +223,7 @@ def test_scatter_of_device_arrays_reaches_the_chosen_backend(monkeypatch, fake_c
 
     chosen, seen = object(), []
     monkeypatch.setattr(_dispatch, "gpu_backend", lambda group=None: chosen)
-    monkeypatch.setattr(route, "scatter", lambda backend, chunks, src, group:
+    monkeypatch.setattr(route, "scatter", lambda backend, chunks, src, group, sent_as="":
                         seen.append((backend, len(chunks), src)) or "routed")
     n = fc.get_world_size()
     assert fc.scatter([fake_cupy()] * n, src=0, group=[fc.get_rank()]) == "routed"
