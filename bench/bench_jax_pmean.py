@@ -32,8 +32,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 import argparse
-import csv
-import datetime
 import statistics
 import sys
 import time
@@ -49,6 +47,8 @@ from mpi4py import MPI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import append_rows  # noqa: E402
 from train_jax import Params, grad_fn, init_params, max_difference, sgd  # noqa: E402
 
 FEATURES, CLASSES, LR = 256, 10, 0.05
@@ -170,14 +170,7 @@ def main() -> None:
         print(f"| {row['n']} | {int(str(row['params'])) / 1e6:.2f} M | {row['dp_ms']:.1f} | "
               f"{row['pmean_ms']:.1f} | {row['single_ms']:.1f} | {row['speedup']:.2f}x | "
               f"{float(str(row['max_abs_diff'])):.1e} | {float(str(row['grad_rel_diff'])):.1e} |")
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    new = not args.csv.exists()
-    with args.csv.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["date", *rows[0]])
-        if new:
-            writer.writeheader()
-        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        writer.writerows({"date": stamp, **row} for row in rows)
+    append_rows(args.csv, rows)
 
 
 if __name__ == "__main__":

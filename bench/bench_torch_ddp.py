@@ -29,7 +29,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per rank: no intra-op 
 
 import argparse
 import csv
-import datetime
 import functools
 import statistics
 import sys
@@ -48,6 +47,8 @@ from mpi4py import MPI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import append_rows  # noqa: E402
 from impls import start_gloo  # noqa: E402
 from train_torch import OverlappedAverager, broadcast_model, make_model, train_step  # noqa: E402
 
@@ -208,14 +209,7 @@ def main() -> None:
                   f"{row['fcoll_ms']:.1f} | {row['fcoll_ratio']:.2f} | {row['overlap_ms']:.1f} | "
                   f"{row['overlap_ratio']:.2f} | {row['coalesced_ms']:.1f} | "
                   f"{row['coalesced_ratio']:.2f} | {same} |")
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        new = not args.csv.exists()
-        with args.csv.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["date", *rows[0]])
-            if new:
-                writer.writeheader()
-            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            writer.writerows({"date": stamp, **row} for row in rows)
+        append_rows(args.csv, rows)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 KiB, MiB = 1 << 10, 1 << 20
 FULL_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 QUICK_SIZES = [8, 4 * KiB, 256 * KiB, MiB, 16 * MiB]
@@ -43,3 +45,19 @@ def human(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
     return f"{nbytes} B"
+
+
+def append_rows(path: Path, rows: list[dict[str, object]]) -> None:
+    """Append ``rows`` to the CSV at ``path`` (header first if it is new), each stamped with
+    the UTC time in a leading ``date`` column."""
+    import csv
+    import datetime
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["date", *rows[0]])
+        if new:
+            writer.writeheader()
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        writer.writerows({"date": stamp, **row} for row in rows)
