@@ -372,9 +372,8 @@ def member(group: object, fn: str) -> tuple[Group, Call]:
     call = g.call
     call.fn, call.counted, call.slot, call.args = fn, False, -1, None  # counted once it communicates
     timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
-    if timeout == math.inf:  # a group that waits forever under a job-wide deadline
-        timeout = None
-    call.seconds = timeout
+    # math.inf: a group that waits forever under a job-wide deadline
+    call.seconds = timeout = None if timeout == math.inf else timeout
     if timeout is not None:
         call.start = time.monotonic()
     return g, call
