@@ -52,7 +52,8 @@ if [ "${FCOLL_FAKE_GPU_PASS:-1}" != 0 ]; then
   for n in ${SIZES:-1 2 3 4}; do
     echo "=== world size $n ($mpi), GPU tests on the CPU stand-in for cupy"
     FCOLL_FAKE_CUPY=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
-      ${color[@]+"${color[@]}"} tests/test_gpu.py tests/test_gpu_fast.py tests/test_gpu_stack.py tests/test_gpu_reliability.py || status=1
+      ${color[@]+"${color[@]}"} tests/test_gpu.py tests/test_gpu_fast.py tests/test_gpu_stack.py tests/test_gpu_reliability.py \
+      tests/test_gpu_interop.py || status=1
   done
 fi
 if [ "$mpi" = mpich ] && [ "${FCOLL_OPENMPI_SMOKE:-1}" != 0 ]; then

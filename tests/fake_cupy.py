@@ -396,6 +396,7 @@ cupy = _module(
     ones=lambda shape, dtype=float, order="C": _here(np.ones(shape, dtype, order)),
     empty_like=lambda a, dtype=None: _here(np.empty(a.shape, a.dtype if dtype is None else dtype)),
     arange=lambda *args, **kwargs: _here(np.arange(*args, **kwargs)),
+    from_dlpack=lambda obj: _here(np.from_dlpack(obj)),  # zero-copy, as cupy's
     concatenate=lambda arrays, axis=0: _here(np.concatenate([_need(a) for a in arrays], axis)),
     moveaxis=lambda a, source, destination: np.moveaxis(_need(a), source, destination),
     split=lambda a, indices_or_sections, axis=0: np.split(_need(a), indices_or_sections, axis),

@@ -99,9 +99,15 @@ def _jax_in(x: Any, fn: str, name: str) -> Any:
     raise TypeError(f"{fn}: expected {name} on the CPU or a GPU, got an array on {device}")
 
 
+def _on_device(y: Any) -> bool:
+    """Whether the result ``y`` is a cupy array (the input was on a GPU)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(y, cupy.ndarray)
+
+
 def _torch_out(y: Any, like: Any) -> Any:
     torch = sys.modules["torch"]
-    if not isinstance(y, np.ndarray):  # cupy: the input was on a CUDA device
+    if _on_device(y):  # the input was on a CUDA device
         return torch.from_dlpack(y)
     if y.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(np.ascontiguousarray(y).view(np.int16)).view(torch.bfloat16)
@@ -110,7 +116,7 @@ def _torch_out(y: Any, like: Any) -> Any:
 
 def _jax_out(y: Any, like: Any) -> Any:
     jax = sys.modules["jax"]
-    if not isinstance(y, np.ndarray):
+    if _on_device(y):
         return jax.dlpack.from_dlpack(y)
     return jax.device_put(y, next(iter(like.devices())))
 
@@ -127,7 +133,7 @@ def as_kind(y: Any, k: str) -> Any:
     if k == "torch":
         return _torch_out(y, None)
     jax = sys.modules["jax"]
-    return jax.device_put(y) if isinstance(y, np.ndarray) else jax.dlpack.from_dlpack(y)
+    return jax.dlpack.from_dlpack(y) if _on_device(y) else jax.device_put(y)
 
 
 def to_native(value: Any, fn: str, name: str) -> Any:
