@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -25,8 +25,9 @@ from fcoll.backends import Backend, interop, shm
 from fcoll.backends import mpi as host
 from fcoll.gpu.settings import ENV, TRANSPORTS, aware, forget, mpi_for_device, transport
 
-__all__ = ["ENV", "TRANSPORTS", "any_cupy", "aware", "backend_for", "device", "device_list",
-           "forget", "gpu_backend", "is_cupy", "mpi_for_device", "on_node", "shm_limit", "transport"]
+__all__ = ["ENV", "INTEROP", "TRANSPORTS", "any_cupy", "aware", "backend_for", "device",
+           "device_list", "forget", "gpu_backend", "is_cupy", "mpi_for_device", "on_node",
+           "shm_limit", "transport"]
 
 
 
@@ -114,7 +115,7 @@ def device(x: object, group: Any = None) -> Backend | None:
     GPU backend for cupy, `fcoll.backends.interop` for torch tensors and JAX arrays."""
     if is_cupy(x):
         return gpu_backend(group)
-    return interop if interop.kind(x) is not None else None
+    return INTEROP if interop.kind(x) is not None else None
 
 
 def device_list(xs: object, group: Any, fn: str, name: str) -> Backend | None:
@@ -123,8 +124,14 @@ def device_list(xs: object, group: Any, fn: str, name: str) -> Backend | None:
     if any_cupy(xs, fn, name):
         return gpu_backend(group)
     if isinstance(xs, (list, tuple)) and any(interop.kind(x) is not None for x in xs):
-        return interop
+        return INTEROP
     return None
+
+
+# Not a transport: an adapter the public functions hand to `fcoll.gpu.route.run`, which
+# passes it to `interop.run` (the arrays as numpy or cupy, then the numpy/cupy path) before
+# any transport function could be called; typed as a Backend for that one branch.
+INTEROP = cast(Backend, interop)
 
 
 _runtime.on_change(forget)  # fcoll.init re-reads the settings

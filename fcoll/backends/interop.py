@@ -1,4 +1,4 @@
-"""torch tensors and JAX arrays through the numpy and cupy paths (a `fcoll.backends.Backend`).
+"""torch tensors and JAX arrays through the numpy and cupy paths.
 
 The rule: **the result has the input's array type and device**. `run` calls a public
 collective with every torch tensor or JAX array among its arguments seen as the array the
@@ -29,8 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fcoll.backends import mpi as host
-from fcoll.work import Call, Work
+from fcoll.work import Work
 
 NAME = "interop"
 KINDS = ("torch", "jax")
@@ -202,47 +201,3 @@ def run(numpy_fn: Callable[..., Any], fn: str, *args: Any, **kwargs: Any) -> Any
     native_args = tuple(to_native(a, fn, n) for n, a in zip(names, args, strict=False))
     native_kwargs = {k: to_native(v, fn, k) for k, v in kwargs.items()}
     return back(numpy_fn(*native_args, **native_kwargs), like)
-
-
-# The backend protocol, for completeness (the public functions go through `run`): host
-# buffers in, the host transport, the caller's type out.
-
-def _host(buf: Any) -> np.ndarray:
-    native = to_native(buf, "interop", "buffer")
-    if not isinstance(native, np.ndarray):
-        raise TypeError("interop: expected a CPU tensor or array for the host transport, "
-                        f"got {_name(buf)} on a device")
-    return native
-
-
-def allreduce(call: Call, send: Any, op: Any) -> Any:
-    return back(host.allreduce(call, _host(send), op), send)
-
-
-def reduce(call: Call, send: Any, op: Any, root: int) -> Any | None:
-    return back(host.reduce(call, _host(send), op, root), send)
-
-
-def reduce_scatter_block(call: Call, send: Any, op: Any) -> Any:
-    return back(host.reduce_scatter_block(call, _host(send), op), send)
-
-
-def bcast(call: Call, buf: Any, root: int) -> Any:
-    host.bcast(call, _host(buf), root)
-    return buf
-
-
-def allgather(call: Call, send: Any, out: Any) -> Any:
-    host.allgather(call, _host(send), _host(out))
-    return out
-
-
-def alltoall(call: Call, send: Any, out: Any) -> Any:
-    host.alltoall(call, _host(send), _host(out))
-    return out
-
-
-def alltoallv(call: Call, send: Any, send_counts: Sequence[int], out: Any,
-              recv_counts: Sequence[int]) -> Any:
-    host.alltoallv(call, _host(send), send_counts, _host(out), recv_counts)
-    return out

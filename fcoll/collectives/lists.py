@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import device, device_list, gpu_backend
+from fcoll._dispatch import INTEROP, device, device_list, gpu_backend
 from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
 from fcoll.backends import interop
 from fcoll.backends import mpi as backend
@@ -93,7 +93,7 @@ def _scatter(chunks: Sequence[np.ndarray] | None, src: int, group: GroupArg,
     sends: its chunks were of that array type."""
     fn = "scatter"
     if (on := device_list(chunks, group, fn, "chunks")) is not None:
-        if on is interop:
+        if on is INTEROP:
             as_kind = _SCATTER_AS[str(interop.kind(next(c for c in chunks or [] if interop.kind(c))))]
             return interop.run(as_kind, fn, chunks, src, group)  # type: ignore[no-any-return]
         return route.scatter(on, chunks, src, group, sent_as)  # type: ignore[no-any-return]
