@@ -58,36 +58,11 @@ def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast],
 def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf")) -> Fast:
     """MPI's all_reduce; where on-node shared memory takes messages of ``shared`` bytes and
     more (`fcoll.backends.shm`), those fall through to the full path."""
-    if shared != float("inf"):
-        return _all_reduce_small(g, mpi_op, shared)
     comm, empty = g._comm, np.empty
     calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
-        if not x.flags.c_contiguous:
-            return None
-        g.seq += 1
-        out = empty(x.shape, x.dtype)
-        if calls is None:
-            comm.Allreduce(x, out, mpi_op)
-        else:
-            i = pos[0]
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
-            comm.Allreduce(x, out, mpi_op)
-            ends[i] = clock()
-        return out
-
-    return run
-
-
-def _all_reduce_small(g: Any, mpi_op: Any, shared: float) -> Fast:
-    comm, empty = g._comm, np.empty
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
-
-    def run(x: np.ndarray) -> np.ndarray | None:
-        if x.nbytes >= shared or not x.flags.c_contiguous:
+        if not x.flags.c_contiguous or x.nbytes >= shared:
             return None
         g.seq += 1
         out = empty(x.shape, x.dtype)
