@@ -39,6 +39,7 @@ from fcoll.work import Call, timed_out
 LINE = 64  # bytes per control line (one cache line)
 ARRIVED, NBYTES = 0, 2  # int64 words of a rank's control line (NBYTES + parity)
 ALIGN = 4096
+ROWS_KEPT = 64  # (size, dtype) views kept per segment
 SPINS = 64  # polls before the first yield
 YIELD_SECONDS = 0.05  # then yield the core at every poll this long, then sleep
 FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
@@ -79,6 +80,9 @@ class Segment:
         self.ctl = memoryview(self.mem[: self.head]).cast("q")  # type: ignore[arg-type]
         self.slots = [[self.mem[self.head + (p * self.n + j) * capacity :][:capacity]
                        for j in range(self.n)] for p in (0, 1)]  # by parity, then rank
+        self._rows: dict[tuple[int, np.dtype[Any]], list[list[np.ndarray]]] = {}
+        self._words = range(0, self.n * (LINE // 8), LINE // 8)  # every rank's ARRIVED word
+        self._mine = self.rank * (LINE // 8)
         if FENCE:
             self.win.Lock_all(MPI.MODE_NOCHECK)
         self.node.Barrier()  # the zeroed flags are seen by all before any step
@@ -88,6 +92,18 @@ class Segment:
         """The bytes of ``rank``'s slot for ``step``."""
         return self.slots[step & 1][rank]
 
+    def rows(self, nbytes: int, dtype: np.dtype[Any]) -> list[list[np.ndarray]]:
+        """The first ``nbytes`` of every slot as ``dtype``, by parity then rank (kept: a
+        view costs about 0.3 us to make, and a call makes ``n`` of them)."""
+        key = (nbytes, dtype)
+        rows = self._rows.get(key)
+        if rows is None:
+            if len(self._rows) >= ROWS_KEPT:
+                self._rows.clear()
+            rows = self._rows[key] = [[slot[:nbytes].view(dtype) for slot in parity]
+                                      for parity in self.slots]
+        return rows
+
     def arrive(self, step: int, nbytes: int) -> None:
         """This rank's data for ``step`` is in its slot; its call moves ``nbytes``."""
         if FENCE:
@@ -96,10 +112,53 @@ class Segment:
         self.ctl[base + NBYTES + (step & 1)] = nbytes
         self.ctl[base + ARRIVED] = step
 
+    def exchange(self, data: np.ndarray, call: Call) -> list[np.ndarray]:
+        """One whole step for 1-D ``data`` that fits a slot: copy it in, arrive announcing
+        its size, wait for every rank, check that every rank announced the same size
+        (`ValueError` on every rank alike); return every rank's slot as ``data``'s dtype
+        (by rank). `rows`, `arrive`, `wait` and `agree` in one call, with what they look up
+        kept in locals: the default group's fast path spends about 2 us less per call so.
+
+        Example:
+            >>> rows = seg.exchange(np.full(2, r + 1.0), call)     # rank r of 2
+            >>> [row.tolist() for row in rows]
+            [[1.0, 1.0], [2.0, 2.0]]
+        """
+        nbytes, ctl = data.nbytes, self.ctl
+        step = self.step = self.step + 1
+        parity = NBYTES + (step & 1)
+        rows = self._rows.get((nbytes, data.dtype)) or self.rows(nbytes, data.dtype)
+        row = rows[step & 1]
+        row[self.rank][...] = data
+        if FENCE:
+            self.win.Sync()
+        ctl[self._mine + parity] = nbytes
+        ctl[self._mine] = step
+        same = True
+        for word in self._words:
+            if ctl[word] < step:
+                self._wait_for(word, step, call)
+            same = same and ctl[word + parity] == nbytes
+        if FENCE:
+            self.win.Sync()
+        if not same:
+            self.agree(step, nbytes, call)
+        return row
+
     def announced(self, step: int) -> list[int]:
         """The byte counts every rank announced at ``step`` (after `wait`)."""
         words = LINE // 8
         return [self.ctl[j * words + NBYTES + (step & 1)] for j in range(self.n)]
+
+    def agree(self, step: int, nbytes: int, call: Call) -> None:
+        """`ValueError` (on every rank alike) unless every rank announced ``nbytes`` at
+        ``step`` (after `wait`)."""
+        ctl, word = self.ctl, NBYTES + (step & 1)
+        for j in range(self.n):
+            if ctl[j * (LINE // 8) + word] != nbytes:
+                raise ValueError(f"{call.fn}: expected the same number of bytes on every rank "
+                                 f"of group {list(call.group.ranks)}, got {self.announced(step)} "
+                                 "(by group rank)")
 
     def wait(self, step: int, call: Call) -> None:
         """Return once every rank arrived at ``step``; `CollectiveTimeoutError` past the
@@ -144,7 +203,7 @@ class Segment:
         if FENCE:
             self.win.Unlock_all()
         self.ctl.release()
-        del self.mem, self.slots
+        del self.mem, self.slots, self._rows
         self.win.Free()
         self.win = None
 

@@ -55,15 +55,32 @@ def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast],
         table[key] = make(g, *args)
 
 
-def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf")) -> Fast:
-    """MPI's all_reduce; where on-node shared memory takes messages of ``shared`` bytes and
-    more (`fcoll.backends.shm`), those fall through to the full path."""
-    comm, empty = g._comm, np.empty
+def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = None) -> Fast:
+    """MPI's all_reduce below ``shared`` bytes; from there on-node shared memory
+    (`fcoll.backends.shm`) in one step once the group's segment exists and holds the
+    message, else the full path (which makes or grows the segment, or takes several steps)."""
+    comm, empty, call = g._comm, np.empty, g.call
     calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    from fcoll.backends.shm import allreduce_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
-        if not x.flags.c_contiguous or x.nbytes >= shared:
+        if not x.flags.c_contiguous:
             return None
+        if x.nbytes >= shared:
+            seg = g.shm
+            if not seg or x.nbytes > seg.capacity:
+                return None
+            g.seq += 1
+            call.fn = "all_reduce"
+            if calls is None:
+                return step(seg, call, x, ufunc)
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
+            out = step(seg, call, x, ufunc)
+            ends[i] = clock()
+            return out
         g.seq += 1
         out = empty(x.shape, x.dtype)
         if calls is None:

@@ -69,7 +69,8 @@ def all_reduce(
     if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is,
         shared = shm_limit(g)  # up to the size from which on-node shared memory does
         if type(op) is str:
-            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op, shared)
+            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op, shared,
+                        plan.fold_ufunc)
         if x.nbytes < shared:
             return backend.allreduce(call, x, plan.op)
     return plan.finish(_fold.allreduce(call, plan, plan.wire(x)))
