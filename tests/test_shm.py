@@ -190,6 +190,57 @@ def test_fast_path_hands_large_calls_to_shared_memory(world_size):
         assert fc.world().shm.step == steps + 1
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.float32, np.float64], ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (6,), (4, 3), (1000, 5)], ids=str)
+def test_the_default_groups_fast_path_steps_through_the_segment(world_size, rank, forced,
+                                                                monkeypatch, dtype, shape):
+    """Once the world's segment exists, one-step all_reduce and reduce_scatter_tensor calls
+    of the default group go from the fast path straight to the segment (no full-path call,
+    one step each), bit-identical to MPI and in rank order."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    from fcoll.collectives import _fast
+
+    rs_shape = (world_size * shape[0], *shape[1:]) if shape else (world_size,)
+    xs = _inputs(np.dtype(dtype), shape, world_size, salt=7)
+    blocks = _inputs(np.dtype(dtype), rs_shape, world_size, salt=8)
+    mpi = _both(fc.all_reduce, xs[rank])[0], _both(fc.reduce_scatter_tensor, blocks[rank])[0]
+    fc.all_reduce(np.ones(8, dtype))  # the segment exists and the fast paths are learned
+    fc.reduce_scatter_tensor(np.ones(world_size, dtype))
+    full = []
+    monkeypatch.setattr(shm, "allreduce", lambda *a: full.append(a) or pytest.fail("full path"))
+    monkeypatch.setattr(shm, "reduce_scatter_block", lambda *a: full.append(a) or pytest.fail("full"))
+    fast = ("sum", np.dtype(dtype)) in _fast.ALL_REDUCE  # floats at n > 2 fold on the full path
+    if not fast:
+        monkeypatch.undo()
+    seg = fc.world().shm
+    for _ in range(3):  # both step parities
+        steps = seg.step
+        y = fc.all_reduce(xs[rank])
+        z = fc.reduce_scatter_tensor(blocks[rank])
+        assert seg.step == steps + 2
+        assert same_bits(y, mpi[0]) and same_bits(y, reference(xs, "sum"))
+        assert same_bits(z, mpi[1]) and same_bits(z, np.split(reference(blocks, "sum"),
+                                                                world_size)[rank])
+    assert not full and (fast or dtype != np.int64)
+
+
+def test_mismatched_sizes_on_the_fast_path_raise_on_every_rank(world_size, rank, forced):
+    """The fast path checks the announced sizes too: ranks whose sizes differ (both fitting
+    the segment, or one fitting and one not, so one rank on the full path) all raise."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    fc.all_reduce(np.ones(8, np.int64))  # segment made, fast path learned
+    capacity = fc.world().shm.capacity
+    for other in (16, capacity // 8 + 1):  # elements on the other ranks
+        x = np.ones(8 if rank == 0 else other, np.int64)
+        with pytest.raises(ValueError, match="expected the same number of bytes on every rank"):
+            fc.all_reduce(x)
+        with pytest.raises(ValueError, match="expected the same number of bytes on every rank"):
+            fc.reduce_scatter_tensor(np.ones(world_size * len(x), np.int64))
+        assert (fc.all_reduce(np.ones(3, np.int64)) == world_size).all()  # still usable
+
+
 def test_mismatched_sizes_raise_on_every_rank(group, forced):
     if group.size == 1:
         pytest.skip("needs two ranks")

@@ -38,7 +38,7 @@ ENV = "FCOLL_SHM"
 NODE_ENV = "FCOLL_SHM_NODE_SIZE"
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 # Per-rank bytes from which shared memory beat MPI here (docs/performance.md); "1" sets 0.
-MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 512 << 10}
+MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
@@ -172,6 +172,24 @@ def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.nd
     return out
 
 
+def reduce_scatter_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """`reduce_scatter_block` of a C-contiguous ``x`` that fits the segment in one step, for
+    a call with no deadline on a group whose segment exists (the default group's fast path).
+
+    Example:
+        >>> reduce_scatter_step(group.shm, group.call, np.ones(4096), np.add)   # 2 ranks
+        array([2., 2., ...])                                                     # 2048 each
+    """
+    n, me = seg.n, seg.rank
+    blocks = x.reshape(n, -1)
+    size = blocks.shape[1]
+    rows = seg.exchange(blocks, call)
+    out = np.empty((x.shape[0] // n, *x.shape[1:]), x.dtype)
+    fold([row[me * size : (me + 1) * size] for row in rows], me, blocks[me], out.reshape(-1),
+         ufunc)
+    return out
+
+
 def _segment(call: Call) -> Segment:
     seg = segment(call)
     if seg is None:
@@ -181,12 +199,10 @@ def _segment(call: Call) -> Segment:
 
 
 def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None) -> list[np.ndarray]:
-    """One step: this rank copies ``data`` (1-D, or one row per block) to the start of its
-    slot, arrives and waits for every rank; returns every rank's slot as ``data``'s dtype
-    (by group rank, ``data.size`` elements each). The first step of a call announces
-    ``total`` (the call's bytes on this rank): every rank raises the same `ValueError` when
-    the ranks' sizes differ. A first step that does not fit the segment announces first,
-    then every rank grows the segment alike and takes the step."""
+    """One step (`Segment.exchange`) for ``data`` (1-D, or one row per block). The first
+    step of a call announces ``total`` (the call's bytes on this rank): every rank raises
+    the same `ValueError` when the ranks' sizes differ. A first step that does not fit the
+    segment announces first, then every rank grows the segment alike and takes the step."""
     need = data.nbytes
     if need > seg.capacity:  # only a first step (the largest): every rank's need is total's
         seg.step += 1
@@ -195,14 +211,7 @@ def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None) -> list
         seg.agree(seg.step, total or need, call)
         seg.grow(max(need, min(2 * seg.capacity, CHUNK)))
         total = None  # checked
-    step = seg.step = seg.step + 1
-    rows = seg.rows(need, data.dtype)[step & 1]
-    rows[seg.rank].reshape(data.shape)[...] = data
-    seg.arrive(step, need if total is None else total)
-    seg.wait(step, call)
-    if total is not None:
-        seg.agree(step, total, call)
-    return rows
+    return seg.exchange(data, call, total)
 
 
 def fold(rows: list[np.ndarray], me: int, mine: np.ndarray, out: np.ndarray, ufunc: np.ufunc

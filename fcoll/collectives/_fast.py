@@ -97,16 +97,32 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = N
     return run
 
 
-def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf")) -> Fast:
-    """MPI's reduce_scatter; messages of ``shared`` bytes and more fall through to the full
-    path (on-node shared memory)."""
-    comm, empty, n = g._comm, np.empty, g.size
+def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = None) -> Fast:
+    """MPI's reduce_scatter below ``shared`` bytes; from there on-node shared memory in one
+    step once the group's segment exists and holds the message, else the full path."""
+    comm, empty, n, call = g._comm, np.empty, g.size, g.call
     calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    from fcoll.backends.shm import reduce_scatter_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
-        if not shape or shape[0] % n or not x.flags.c_contiguous or x.nbytes >= shared:
+        if not shape or shape[0] % n or not x.flags.c_contiguous:
             return None
+        if x.nbytes >= shared:
+            seg = g.shm
+            if not seg or x.nbytes > seg.capacity:
+                return None
+            g.seq += 1
+            call.fn = "reduce_scatter_tensor"
+            if calls is None:
+                return step(seg, call, x, ufunc)
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", "numpy", x.shape, x.dtype, clock())
+            y = step(seg, call, x, ufunc)
+            ends[i] = clock()
+            return y
         g.seq += 1
         out = empty((shape[0] // n, *shape[1:]), x.dtype)
         if calls is None:

@@ -174,7 +174,7 @@ def reduce_scatter_tensor(
         shared = shm_limit(g, "reduce_scatter")  # MPI below this size, shared memory from it
         if type(op) is str and type(scatter_dim) is int:
             _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op,
-                        shared)
+                        shared, plan.fold_ufunc)
         if x.nbytes < shared:
             return backend.reduce_scatter_block(call, x, plan.op)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
