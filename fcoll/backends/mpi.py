@@ -91,8 +91,9 @@ def bcast(call: Call, buf: np.ndarray, root: int) -> np.ndarray:
 # Broadcasts of at least this many bytes go in chunks of at least PIPELINE_CHUNK bytes (at
 # most 16), so the root's copy of chunk k+1 into its result overlaps the transfer of chunk
 # k: at n=2, 64 MiB took 16.7 ms with copy-then-Bcast, 7.9 ms pipelined (raw in-place
-# Bcast: 8.1 ms); 16 MiB 3.1 -> 1.5 ms (raw 1.9). See docs/performance.md.
-PIPELINE_BYTES = 1 << 20
+# Bcast: 8.1 ms); 16 MiB 3.1 -> 1.5 ms (raw 1.9). Below 8 MiB one Bcast was faster in
+# later runs (1-4 MiB: 1.2-2.3x raw against 3.4-4.2x in chunks). See docs/performance.md.
+PIPELINE_BYTES = 8 << 20
 PIPELINE_CHUNK = 256 << 10
 
 
