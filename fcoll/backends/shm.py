@@ -4,12 +4,14 @@ For a group whose ranks all run on one node, an all_reduce goes through the grou
 `fcoll.backends._segment.Segment` in steps of at most ``CHUNK`` bytes per rank: each rank
 copies its step's bytes into its slot and announces it (one flag), waits for every other
 rank's flag, then folds the slots in group-rank order, ``((s0 op s1) op s2) ...``, straight
-into its new result (`reduce_scatter_block`: each step carries the next piece of every
-block, and each rank folds its own block's pieces). Per byte of an all_reduce each rank
-moves: the copy in (read the input, write the slot), the fold (read ``n`` slots, write the
-result): ``n + 3`` bytes, where MPI's reduce-scatter + all-gather moves and synchronises
-more (see docs/performance.md, "Shared-memory transport"). The steps keep a chunk's slots
-in cache between the copy and the fold.
+into its new result, reading its own piece from its input rather than its slot
+(`reduce_scatter_block`: each step carries the next piece of every block but the rank's
+own, and each rank folds its own block's pieces). Per byte of an all_reduce each rank
+moves: the copy in (read the input, write the slot), the fold (read its input and ``n - 1``
+slots, write the result): ``n + 3`` bytes, where MPI's reduce-scatter + all-gather moves
+and synchronises more (see docs/performance.md, "Shared-memory transport"). The steps keep
+a chunk's slots in cache between the copy and the fold. A call that fits one step can
+come from the default group's fast path (`allreduce_step`, `reduce_scatter_step`).
 
 The fold is the same elementwise ufunc loop as `fcoll.collectives._fold.fold`, so results
 are bit-identical to the MPI path's for every dtype and op (integer and bitwise ops are
