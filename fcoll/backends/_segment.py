@@ -112,12 +112,14 @@ class Segment:
         self.ctl[base + NBYTES + (step & 1)] = nbytes
         self.ctl[base + ARRIVED] = step
 
-    def exchange(self, data: np.ndarray, call: Call, total: int | None = None) -> list[np.ndarray]:
+    def exchange(self, data: np.ndarray, call: Call, total: int | None = None, send: bool = True
+                 ) -> list[np.ndarray]:
         """One whole step for ``data`` that fits a slot: copy it in, arrive announcing
         ``total`` (default: its size), wait for every rank, check that every rank announced
         the same (`ValueError` on every rank alike); return every rank's slot as ``data``'s
         dtype (by rank, ``data.size`` elements each). ``data`` is 1-D, or 2-D with one row
         per rank's block: then this rank's own block is not copied (only it reads that).
+        ``send=False``: nothing is copied in (a broadcast's non-root announces its size).
         `rows`, `arrive`, `wait` and `agree` in one call, with what they look up kept in
         locals: the default group's fast path spends about 2 us less per call so.
 
@@ -132,7 +134,9 @@ class Segment:
         parity = NBYTES + (step & 1)
         rows = self._rows.get((nbytes, data.dtype)) or self.rows(nbytes, data.dtype)
         row = rows[step & 1]
-        if data.ndim == 1:
+        if not send:
+            pass
+        elif data.ndim == 1:
             row[me][...] = data
         else:
             blocks = row[me].reshape(data.shape)

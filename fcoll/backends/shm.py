@@ -39,8 +39,12 @@ NAME = "shm"
 ENV = "FCOLL_SHM"
 NODE_ENV = "FCOLL_SHM_NODE_SIZE"
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
-# Per-rank bytes from which shared memory beat MPI here (docs/performance.md); "1" sets 0.
-MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10}
+# Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
+# did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
+# (bench/shm_movement.py).
+MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10,
+             "broadcast": 128 << 10}
+MAX_BYTES = {"all_gather": 1 << 20, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
@@ -75,13 +79,25 @@ _runtime.on_change(forget)
 
 
 def limit(group: Any, op: str = "all_reduce") -> float:
-    """The per-rank bytes from which ``group``'s ``op`` (``all_reduce`` or
-    ``reduce_scatter``) uses shared memory: `NEVER` where it cannot (one rank, the group
-    found to span nodes, ``FCOLL_SHM=0``), 0 with ``FCOLL_SHM=1``, else `MIN_BYTES`."""
+    """The per-rank bytes from which ``group``'s ``op`` (``all_reduce``, ``reduce_scatter``,
+    ``all_gather``, ``broadcast``) uses shared memory: `NEVER` where it cannot (one rank,
+    the group found to span nodes, ``FCOLL_SHM=0``), 0 with ``FCOLL_SHM=1``, else
+    `MIN_BYTES`; `ceiling` is the other end."""
     if group.size < 2 or group.shm is False:
         return NEVER
     mode = settings()[0]
     return MIN_BYTES[op] if mode == "auto" else 0 if mode == "on" else NEVER
+
+
+def ceiling(op: str) -> float:
+    """The per-rank bytes from which ``op`` goes back to MPI (`MAX_BYTES`; none with
+    ``FCOLL_SHM=1``, or for the reductions).
+
+    Example:
+        >>> ceiling("all_gather"), ceiling("all_reduce")       # FCOLL_SHM unset
+        (1048576, inf)
+    """
+    return MAX_BYTES.get(op, NEVER) if settings()[0] == "auto" else NEVER
 
 
 def segment(call: Call) -> Segment | None:
@@ -192,6 +208,78 @@ def reduce_scatter_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc
     return out
 
 
+def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Every rank's C-contiguous ``send`` in group-rank order, into ``out`` (C-contiguous,
+    ``n`` times ``send``'s size), in steps of at most ``CHUNK`` bytes per rank.
+
+    Example:
+        >>> allgather(call, np.array([r]), np.empty(2, int))   # rank r of 2 on one node
+        array([0, 1])
+    """
+    seg = _segment(call)
+    flat = send.reshape(-1)
+    dest = out.reshape(seg.n, -1)
+    per = CHUNK // max(send.itemsize, 1)
+    for start in range(0, max(flat.size, 1), per):
+        piece = flat[start : start + per]
+        rows = _step(call, seg, piece, flat.nbytes if start == 0 else None)
+        _gather(rows, seg.rank, piece, dest[:, start : start + piece.size])
+    call.end()
+    return out
+
+
+def allgather_step(seg: Segment, call: Call, x: np.ndarray) -> np.ndarray:
+    """`allgather` of a C-contiguous ``x`` (at least 1-D) that fits the segment in one step
+    into a new array, for the default group's fast path (no deadline, segment made)."""
+    flat = x if x.ndim == 1 else x.reshape(-1)
+    rows = seg.exchange(flat, call)
+    out = np.empty((x.shape[0] * seg.n, *x.shape[1:]), x.dtype)
+    _gather(rows, seg.rank, flat, out.reshape(seg.n, -1))
+    return out
+
+
+def _gather(rows: list[np.ndarray], me: int, mine: np.ndarray, dest: np.ndarray) -> None:
+    """Row ``j`` of ``dest`` from rank ``j``'s slot; this rank's from ``mine``."""
+    for j, row in enumerate(rows):
+        dest[j] = mine if j == me else row
+
+
+def broadcast(call: Call, x: np.ndarray, root: int) -> np.ndarray:
+    """Group rank ``root``'s ``x`` (any layout) in a new C-contiguous array on every rank:
+    the root copies it into its slot, the others copy it out, in steps of ``CHUNK`` bytes.
+    Every rank announces its ``x``'s size (`ValueError` on every rank when they differ).
+
+    Example:
+        >>> broadcast(call, np.array([r]), 1)                  # rank r of 2 on one node
+        array([1])
+    """
+    seg = _segment(call)
+    is_root = seg.rank == root
+    out = np.array(x, order="C", copy=True) if is_root else np.empty(x.shape, x.dtype)
+    flat = out.reshape(-1)
+    per = CHUNK // max(x.itemsize, 1)
+    for start in range(0, max(flat.size, 1), per):
+        piece = flat[start : start + per]
+        rows = _step(call, seg, piece, flat.nbytes if start == 0 else None, is_root)
+        if not is_root:
+            piece[...] = rows[root]
+    call.end()
+    return out
+
+
+def broadcast_step(seg: Segment, call: Call, x: np.ndarray, root: int) -> np.ndarray:
+    """`broadcast` of an ``x`` that fits the segment in one step, for the default group's
+    fast path (no deadline, segment made)."""
+    if seg.rank == root:
+        out = x.copy()  # C order
+        seg.exchange(out.reshape(-1), call)
+        return out
+    out = np.empty(x.shape, x.dtype)
+    flat = out.reshape(-1)
+    flat[...] = seg.exchange(flat, call, send=False)[root]
+    return out
+
+
 def _segment(call: Call) -> Segment:
     seg = segment(call)
     if seg is None:
@@ -200,11 +288,13 @@ def _segment(call: Call) -> Segment:
     return seg
 
 
-def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None) -> list[np.ndarray]:
+def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None, send: bool = True
+          ) -> list[np.ndarray]:
     """One step (`Segment.exchange`) for ``data`` (1-D, or one row per block). The first
     step of a call announces ``total`` (the call's bytes on this rank): every rank raises
     the same `ValueError` when the ranks' sizes differ. A first step that does not fit the
-    segment announces first, then every rank grows the segment alike and takes the step."""
+    segment announces first, then every rank grows the segment alike and takes the step.
+    ``send=False``: this rank copies nothing in (`Segment.exchange`)."""
     need = data.nbytes
     if need > seg.capacity:  # only a first step (the largest): every rank's need is total's
         seg.step += 1
@@ -213,7 +303,7 @@ def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None) -> list
         seg.agree(seg.step, total or need, call)
         seg.grow(max(need, min(2 * seg.capacity, CHUNK)))
         total = None  # checked
-    return seg.exchange(data, call, total)
+    return seg.exchange(data, call, total, send)
 
 
 def fold(rows: list[np.ndarray], me: int, mine: np.ndarray, out: np.ndarray, ufunc: np.ufunc

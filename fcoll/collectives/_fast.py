@@ -34,6 +34,7 @@ ALL_GATHER: dict[np.dtype[Any], Fast] = {}
 ALL_TO_ALL: dict[np.dtype[Any], Fast] = {}
 BROADCAST: dict[tuple[int, np.dtype[Any]], Fast] = {}
 _TABLES: tuple[dict[Any, Fast], ...] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, BROADCAST)
+INF = float("inf")
 
 
 def reset() -> None:
@@ -139,14 +140,33 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any
     return run
 
 
-def all_gather(g: Any, byte: Any) -> Fast:
-    comm, empty, n = g._comm, np.empty, g.size
+def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF)) -> Fast:
+    """MPI's all_gather; messages in ``shared`` (lo <= bytes < hi) through on-node shared
+    memory in one step once the group's segment exists and holds them, else the full path."""
+    comm, empty, n, call = g._comm, np.empty, g.size, g.call
     calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    lo, hi = shared
+    from fcoll.backends.shm import allgather_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
         if not shape or not x.flags.c_contiguous:
             return None
+        if lo <= x.nbytes < hi:
+            seg = g.shm
+            if not seg or x.nbytes > seg.capacity:
+                return None
+            g.seq += 1
+            call.fn = "all_gather_into_tensor"
+            if calls is None:
+                return step(seg, call, x)
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "all_gather_into_tensor", "numpy", x.shape, x.dtype, clock())
+            y = step(seg, call, x)
+            ends[i] = clock()
+            return y
         g.seq += 1
         out = empty((shape[0] * n, *shape[1:]), x.dtype)
         if calls is None:
@@ -187,12 +207,31 @@ def all_to_all(g: Any, byte: Any) -> Fast:
     return run
 
 
-def broadcast(g: Any, byte: Any, root: int) -> Fast:
-    comm, empty, is_root = g._comm, np.empty, g.rank == root
+def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, INF)) -> Fast:
+    """MPI's broadcast, up to the size the full path pipelines; messages in ``shared``
+    through on-node shared memory in one step once the segment exists and holds them."""
+    comm, empty, is_root, call = g._comm, np.empty, g.rank == root, g.call
     calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    lo, hi = shared
     from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
+    from fcoll.backends.shm import broadcast_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
+        if lo <= x.nbytes < hi:
+            seg = g.shm
+            if not seg or x.nbytes > seg.capacity:
+                return None
+            g.seq += 1
+            call.fn = "broadcast"
+            if calls is None:
+                return step(seg, call, x, root)
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "broadcast", "numpy", x.shape, x.dtype, clock())
+            y = step(seg, call, x, root)
+            ends[i] = clock()
+            return y
         if x.nbytes >= pipeline:
             return None  # the full path pipelines large broadcasts
         g.seq += 1

@@ -12,7 +12,7 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug
-from fcoll._dispatch import device
+from fcoll._dispatch import device, on_node, shm_range
 from fcoll._validate import (
     check_array,
     check_dim,
@@ -67,7 +67,10 @@ def broadcast(
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
-        _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root)
+        _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root,
+                    shm_range(g, "broadcast"))
+    if not async_op and (shared := on_node(call, x.nbytes, "broadcast")) is not None:
+        return shared.broadcast(call, x, root)  # type: ignore[no-any-return]
     if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
         return backend.bcast_copy(call, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
@@ -178,8 +181,10 @@ def all_gather_into_tensor(
         checked = _checked_sizes(flat, dim, sizes, g, gather_dim)
     if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
         if type(gather_dim) is int:
-            _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE)
-        return backend.allgather(call, x, np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype))
+            _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE,
+                        shm_range(g, "all_gather"))
+        out = np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
+        return _allgather(call, x, out)
     x = flat
     if sizes is None:
         out = np.empty(_gathered_shape(x, dim, x.shape[dim] * g.size), x.dtype)
@@ -188,8 +193,16 @@ def all_gather_into_tensor(
             send = private(send, x)
             request = backend.iallgather(call, send, out)
             return launch(fn, g, request, lambda: dim_back(out, dim), send)
-        return dim_back(backend.allgather(call, send, out), dim)
+        return dim_back(_allgather(call, send, out), dim)
     return _all_gather_v(call, g, x, dim, checked, async_op)
+
+
+def _allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The blocking all-gather of C-contiguous ``send`` into ``out``: on-node shared memory
+    where `fcoll._dispatch.on_node` says so, else MPI."""
+    if (shared := on_node(call, send.nbytes, "all_gather")) is not None:
+        return shared.allgather(call, send, out)  # type: ignore[no-any-return]
+    return backend.allgather(call, send, out)
 
 
 def _checked_sizes(x: np.ndarray, dim: int, sizes: object, g: Group,
