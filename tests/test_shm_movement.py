@@ -146,3 +146,18 @@ def test_the_size_window_under_the_default_setting(world_size, rank, monkeypatch
         assert len(steps) == before
     finally:
         g.destroy()
+
+
+def test_all_gather_coalesced_through_the_segment(group, forced, monkeypatch):  # noqa: F811
+    """The coalesced form gathers its one fused buffer through the segment too."""
+    steps = []
+    exchange = Segment.exchange
+    monkeypatch.setattr(Segment, "exchange", lambda *a, **k: steps.append(1) or exchange(*a, **k))
+    xs = [bits(group.rank, s, d, salt=21) for s, d in [((3, 2), np.float32), ((), np.int8),
+                                                        ((0, 4), np.float64), ((7,), np.uint16)]]
+    mpi, on_node = _both(fc.all_gather_into_tensor_coalesced, xs, group=group.arg)
+    assert all(same_bits(a, b) for a, b in zip(mpi, on_node, strict=True))
+    for x, y in zip(xs, on_node, strict=True):
+        parts = [bits(r, x.shape, x.dtype, salt=21) for r in range(group.size)]
+        assert same_bits(y, np.concatenate([p.reshape(1) if p.ndim == 0 else p for p in parts]))
+    assert bool(steps) == (group.size > 1)

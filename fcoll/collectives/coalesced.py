@@ -16,8 +16,7 @@ from fcoll import _debug
 from fcoll._dispatch import device_list
 from fcoll._plan import reduction_plan
 from fcoll._validate import check_array, check_divisible
-from fcoll.backends import mpi as backend
-from fcoll.collectives import _fold
+from fcoll.collectives import _fold, movement
 from fcoll.dtypes import as_bytes
 from fcoll.gpu import route
 from fcoll.group import GroupArg, member
@@ -98,7 +97,7 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     if not arrays:
         return []
     send = np.concatenate([as_bytes(x) for x in arrays])
-    gathered = backend.allgather(call, send, np.empty((g.size, send.size), np.uint8))
+    gathered = movement.allgather(call, send, np.empty((g.size, send.size), np.uint8))
     offsets = np.cumsum([0, *(x.nbytes for x in arrays)]).tolist()
     return [
         np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(g.size * x.shape[0], *x.shape[1:])

@@ -184,7 +184,7 @@ def all_gather_into_tensor(
             _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE,
                         shm_range(g, "all_gather"))
         out = np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
-        return _allgather(call, x, out)
+        return allgather(call, x, out)
     x = flat
     if sizes is None:
         out = np.empty(_gathered_shape(x, dim, x.shape[dim] * g.size), x.dtype)
@@ -193,13 +193,14 @@ def all_gather_into_tensor(
             send = private(send, x)
             request = backend.iallgather(call, send, out)
             return launch(fn, g, request, lambda: dim_back(out, dim), send)
-        return dim_back(_allgather(call, send, out), dim)
+        return dim_back(allgather(call, send, out), dim)
     return _all_gather_v(call, g, x, dim, checked, async_op)
 
 
-def _allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """The blocking all-gather of C-contiguous ``send`` into ``out``: on-node shared memory
-    where `fcoll._dispatch.on_node` says so, else MPI."""
+def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The blocking all-gather of C-contiguous ``send`` into ``out`` (C-contiguous, ``n``
+    times ``send``'s bytes): on-node shared memory where `fcoll._dispatch.on_node` says so,
+    else MPI. `all_gather_into_tensor` and its coalesced form call it."""
     if (shared := on_node(call, send.nbytes, "all_gather")) is not None:
         return shared.allgather(call, send, out)  # type: ignore[no-any-return]
     return backend.allgather(call, send, out)
