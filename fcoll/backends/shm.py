@@ -44,7 +44,7 @@ CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB 
 # (bench/shm_movement.py).
 MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10,
              "broadcast": 128 << 10}
-MAX_BYTES = {"all_gather": 1 << 20, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
+MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
@@ -95,7 +95,7 @@ def ceiling(op: str) -> float:
 
     Example:
         >>> ceiling("all_gather"), ceiling("all_reduce")       # FCOLL_SHM unset
-        (1048576, inf)
+        (1572864, inf)
     """
     return MAX_BYTES.get(op, NEVER) if settings()[0] == "auto" else NEVER
 
