@@ -161,3 +161,30 @@ def test_all_gather_coalesced_through_the_segment(group, forced, monkeypatch):  
         parts = [bits(r, x.shape, x.dtype, salt=21) for r in range(group.size)]
         assert same_bits(y, np.concatenate([p.reshape(1) if p.ndim == 0 else p for p in parts]))
     assert bool(steps) == (group.size > 1)
+
+
+def test_a_world_that_spans_nodes_keeps_the_mpi_fast_path(world_size, rank, forced,  # noqa: F811
+                                                           monkeypatch):
+    """Once the world group is known to span nodes (shm False), its calls of shared-memory
+    sizes take the MPI fast path, not the full path every time."""
+    from fcoll.collectives import movement, reductions
+
+    world = fc.world()
+    monkeypatch.setattr(world, "shm", None)
+    monkeypatch.setenv(shm.NODE_ENV, "1")  # one rank per simulated node: the world spans
+    _set("1")  # read the settings again
+    x = np.full(4 * world_size, rank + 1, np.int64)
+    calls = [lambda: fc.all_reduce(x), lambda: fc.reduce_scatter_tensor(x),
+             lambda: fc.all_gather_into_tensor(x), lambda: fc.broadcast(x, world_size - 1)]
+    first = []
+    for call in calls:  # each learns its fast path before the group finds that it spans
+        world.shm = None
+        first.append(call())
+        assert world.shm is (None if world_size == 1 else False)
+    full = []
+    for module in (reductions, movement):
+        member = module.member
+        monkeypatch.setattr(module, "member", lambda *a, _m=member: full.append(a) or _m(*a))
+    again = [call() for call in calls]
+    assert all(same_bits(a, b) for a, b in zip(first, again, strict=True))
+    assert not full, full

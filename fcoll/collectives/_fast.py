@@ -67,7 +67,7 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = N
     def run(x: np.ndarray) -> np.ndarray | None:
         if not x.flags.c_contiguous:
             return None
-        if x.nbytes >= shared:
+        if x.nbytes >= shared and g.shm is not False:  # False: spans nodes, MPI
             seg = g.shm
             if not seg or x.nbytes > seg.capacity:
                 return None
@@ -109,7 +109,7 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any
         shape = x.shape
         if not shape or shape[0] % n or not x.flags.c_contiguous:
             return None
-        if x.nbytes >= shared:
+        if x.nbytes >= shared and g.shm is not False:  # False: spans nodes, MPI
             seg = g.shm
             if not seg or x.nbytes > seg.capacity:
                 return None
@@ -152,7 +152,7 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF)) -> F
         shape = x.shape
         if not shape or not x.flags.c_contiguous:
             return None
-        if lo <= x.nbytes < hi:
+        if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
             seg = g.shm
             if not seg or x.nbytes > seg.capacity:
                 return None
@@ -217,7 +217,7 @@ def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, 
     from fcoll.backends.shm import broadcast_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
-        if lo <= x.nbytes < hi:
+        if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
             seg = g.shm
             if not seg or x.nbytes > seg.capacity:
                 return None
