@@ -11,7 +11,9 @@ group broken by a missed deadline or destroyed). This took 8-byte calls from abo
 to 0.97 us at world size 1 (raw mpi4py: 0.50 us), see docs/performance.md.
 
 The closures repeat their few lines on purpose: a shared helper would put one more Python
-call (about 50 ns) on every call, and saving those is what this module is for.
+call (about 50 ns) on every call, and saving those is what this module is for. Their
+branch for on-node shared memory (`fcoll.backends.shm`, messages of kilobytes) is the
+exception: it is one function, `segment_call`.
 """
 
 from __future__ import annotations
@@ -56,32 +58,48 @@ def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast],
         table[key] = make(g, *args)
 
 
+def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..., np.ndarray],
+                 x: np.ndarray, *args: Any) -> np.ndarray | None:
+    """A fast path's call through ``g``'s on-node segment in one ``step`` (a
+    `fcoll.backends.shm` ``*_step`` function), recorded as the closures record; None while
+    the segment is not made or cannot hold ``x`` (the full path makes or grows it). One
+    shared function here, unlike the MPI calls: it serves messages of kilobytes, where
+    its 50 ns are noise.
+
+    Example:
+        >>> segment_call(g, _trace.recorder(g.key), "all_reduce", shm.allreduce_step, x, np.add)
+    """
+    seg = g.shm
+    if not seg or x.nbytes > seg.capacity:
+        return None
+    g.seq += 1
+    call = g.call
+    call.fn = name
+    calls, ends, pos, mask, ranks, clock = recorder
+    if calls is None:
+        return step(seg, call, x, *args)
+    i = pos[0]
+    pos[0] = i + 1
+    i &= mask
+    calls[i] = (ranks, g.seq, name, "numpy", x.shape, x.dtype, clock())
+    y = step(seg, call, x, *args)
+    ends[i] = clock()
+    return y
+
+
 def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = None) -> Fast:
     """MPI's all_reduce below ``shared`` bytes; from there on-node shared memory
     (`fcoll.backends.shm`) in one step once the group's segment exists and holds the
     message, else the full path (which makes or grows the segment, or takes several steps)."""
-    comm, empty, call = g._comm, np.empty, g.call
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    comm, empty = g._comm, np.empty
+    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     from fcoll.backends.shm import allreduce_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if not x.flags.c_contiguous:
             return None
         if x.nbytes >= shared and g.shm is not False:  # False: spans nodes, MPI
-            seg = g.shm
-            if not seg or x.nbytes > seg.capacity:
-                return None
-            g.seq += 1
-            call.fn = "all_reduce"
-            if calls is None:
-                return step(seg, call, x, ufunc)
-            i = pos[0]
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
-            out = step(seg, call, x, ufunc)
-            ends[i] = clock()
-            return out
+            return segment_call(g, recorder, "all_reduce", step, x, ufunc)
         g.seq += 1
         out = empty(x.shape, x.dtype)
         if calls is None:
@@ -101,8 +119,8 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = N
 def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = None) -> Fast:
     """MPI's reduce_scatter below ``shared`` bytes; from there on-node shared memory in one
     step once the group's segment exists and holds the message, else the full path."""
-    comm, empty, n, call = g._comm, np.empty, g.size, g.call
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    comm, empty, n = g._comm, np.empty, g.size
+    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     from fcoll.backends.shm import reduce_scatter_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
@@ -110,20 +128,7 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any
         if not shape or shape[0] % n or not x.flags.c_contiguous:
             return None
         if x.nbytes >= shared and g.shm is not False:  # False: spans nodes, MPI
-            seg = g.shm
-            if not seg or x.nbytes > seg.capacity:
-                return None
-            g.seq += 1
-            call.fn = "reduce_scatter_tensor"
-            if calls is None:
-                return step(seg, call, x, ufunc)
-            i = pos[0]
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", "numpy", x.shape, x.dtype, clock())
-            y = step(seg, call, x, ufunc)
-            ends[i] = clock()
-            return y
+            return segment_call(g, recorder, "reduce_scatter_tensor", step, x, ufunc)
         g.seq += 1
         out = empty((shape[0] // n, *shape[1:]), x.dtype)
         if calls is None:
@@ -143,8 +148,8 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any
 def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF)) -> Fast:
     """MPI's all_gather; messages in ``shared`` (lo <= bytes < hi) through on-node shared
     memory in one step once the group's segment exists and holds them, else the full path."""
-    comm, empty, n, call = g._comm, np.empty, g.size, g.call
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    comm, empty, n = g._comm, np.empty, g.size
+    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     lo, hi = shared
     from fcoll.backends.shm import allgather_step as step
 
@@ -153,20 +158,7 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF)) -> F
         if not shape or not x.flags.c_contiguous:
             return None
         if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
-            seg = g.shm
-            if not seg or x.nbytes > seg.capacity:
-                return None
-            g.seq += 1
-            call.fn = "all_gather_into_tensor"
-            if calls is None:
-                return step(seg, call, x)
-            i = pos[0]
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "all_gather_into_tensor", "numpy", x.shape, x.dtype, clock())
-            y = step(seg, call, x)
-            ends[i] = clock()
-            return y
+            return segment_call(g, recorder, "all_gather_into_tensor", step, x)
         g.seq += 1
         out = empty((shape[0] * n, *shape[1:]), x.dtype)
         if calls is None:
@@ -210,28 +202,15 @@ def all_to_all(g: Any, byte: Any) -> Fast:
 def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, INF)) -> Fast:
     """MPI's broadcast, up to the size the full path pipelines; messages in ``shared``
     through on-node shared memory in one step once the segment exists and holds them."""
-    comm, empty, is_root, call = g._comm, np.empty, g.rank == root, g.call
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    comm, empty, is_root = g._comm, np.empty, g.rank == root
+    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     lo, hi = shared
     from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
     from fcoll.backends.shm import broadcast_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
-            seg = g.shm
-            if not seg or x.nbytes > seg.capacity:
-                return None
-            g.seq += 1
-            call.fn = "broadcast"
-            if calls is None:
-                return step(seg, call, x, root)
-            i = pos[0]
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "broadcast", "numpy", x.shape, x.dtype, clock())
-            y = step(seg, call, x, root)
-            ends[i] = clock()
-            return y
+            return segment_call(g, recorder, "broadcast", step, x, root)
         if x.nbytes >= pipeline:
             return None  # the full path pipelines large broadcasts
         g.seq += 1
