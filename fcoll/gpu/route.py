@@ -18,12 +18,11 @@ import inspect
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from fcoll import _debug, _runtime
-from fcoll._dispatch import INTEROP
 from fcoll._validate import check_count, check_rank, check_same_dtype
 from fcoll.backends import Backend, interop
 from fcoll.backends import mpi as host
@@ -73,7 +72,7 @@ def run(backend: Backend, name: str, numpy_fn: Callable[..., R], *args: Any, **k
     ``numpy_fn`` is the public function itself, which staging calls on host copies; the
     group travels as the keyword ``group`` (`choose` reads it).
     """
-    if backend is INTEROP:  # torch tensors, JAX arrays: as numpy or cupy, and back
+    if backend is cast(Backend, interop):  # torch tensors, JAX arrays (`_dispatch.INTEROP`)
         return interop.run(numpy_fn, name, *args, **kwargs)  # type: ignore[no-any-return]
     group = kwargs.get("group")
     backend = choose(backend, name, args[0] if args else None, group)
