@@ -1,4 +1,4 @@
-"""The table (rich on stdout, markdown in summary.md) and the issue-7 target checks."""
+"""The table (rich on stdout, markdown in summary.md) and the target checks (issues 7, 17)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from common import (
     LARGE,
     LARGE_TARGET,
     OPS,
+    SHM_FROM,
+    SHM_MID,
+    SHM_MID_TARGET,
+    SHM_TARGET,
     SMALL_GLOO,
     SMALL_TARGET,
     human,
@@ -50,7 +54,7 @@ def fmt_us(row: dict[str, str] | None) -> str:
 
 
 def checks(c: Cells) -> list[tuple[bool, str]]:
-    """Every target of issue 7 that the measured cells can judge: (met, line)."""
+    """Every target of issues 7 and 17 that the measured cells can judge: (met, line)."""
     found: list[tuple[bool, str]] = []
     for (n, op, nbytes), impls in sorted(c.items()):
         vs_raw, gloo = ratios(impls)
@@ -69,6 +73,20 @@ def checks(c: Cells) -> list[tuple[bool, str]]:
                               f"{where}: gloo/fcoll {gloo:.1f} (>= {GLOO_LARGE_TARGET:g})"))
         if op == "dp_average" and vs_raw is not None and nbytes >= LARGE:
             found.append((vs_raw <= DP_TARGET, f"{where}: fcoll/raw fused {vs_raw:.2f} (<= {DP_TARGET})"))
+        found += shm_checks(n, op, nbytes, vs_raw)
+    return found
+
+
+def shm_checks(n: int, op: str, nbytes: int, vs_raw: float | None) -> list[tuple[bool, str]]:
+    """Issue 17's targets for the on-node shared-memory path: all_reduce at n = 2."""
+    if n != 2 or op != "all_reduce" or vs_raw is None:
+        return []
+    where = f"n={n} {op} {human(nbytes)} (shared memory)"
+    found = []
+    if nbytes >= SHM_FROM:
+        found.append((vs_raw <= SHM_TARGET, f"{where}: fcoll/raw {vs_raw:.2f} (<= {SHM_TARGET:g})"))
+    if SHM_MID[0] <= nbytes <= SHM_MID[1]:
+        found.append((vs_raw <= SHM_MID_TARGET, f"{where}: fcoll/raw {vs_raw:.2f} (<= {SHM_MID_TARGET:g})"))
     return found
 
 
