@@ -103,3 +103,13 @@ def test_shared_memory_ab_bench_runs_at_two_ranks():
     ops = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast"]
     assert [line.split()[0] for line in lines] == ops, done.stdout
     assert all(float(line.split("shm/raw")[1]) > 0 for line in lines)
+
+
+def test_issue_17_targets_are_judged_where_they_apply():
+    from report import shm_checks
+
+    assert [ok for ok, _ in shm_checks(2, "all_reduce", 512 << 10, 0.7)] == [True, False]
+    assert [ok for ok, _ in shm_checks(2, "all_reduce", 32 << 10, 1.01)] == [False]
+    assert [ok for ok, _ in shm_checks(2, "all_reduce", 4 << 20, 0.9)] == [True]
+    assert shm_checks(2, "all_reduce", 16 << 10, 0.5) == []  # below the targets' sizes
+    assert shm_checks(4, "all_reduce", 1 << 20, 0.5) == shm_checks(2, "broadcast", 1 << 20, 0.5) == []
