@@ -230,7 +230,12 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def allgather_step(seg: Segment, call: Call, x: np.ndarray) -> np.ndarray:
     """`allgather` of a C-contiguous ``x`` (at least 1-D) that fits the segment in one step
-    into a new array, for the default group's fast path (no deadline, segment made)."""
+    into a new array, for the default group's fast path (no deadline, segment made).
+
+    Example:
+        >>> allgather_step(group.shm, group.call, np.array([r, r]))   # rank r of 2
+        array([0, 0, 1, 1])
+    """
     flat = x if x.ndim == 1 else x.reshape(-1)
     rows = seg.exchange(flat, call)
     out = np.empty((x.shape[0] * seg.n, *x.shape[1:]), x.dtype)
@@ -269,7 +274,12 @@ def broadcast(call: Call, x: np.ndarray, root: int) -> np.ndarray:
 
 def broadcast_step(seg: Segment, call: Call, x: np.ndarray, root: int) -> np.ndarray:
     """`broadcast` of an ``x`` that fits the segment in one step, for the default group's
-    fast path (no deadline, segment made)."""
+    fast path (no deadline, segment made).
+
+    Example:
+        >>> broadcast_step(group.shm, group.call, np.array([r]), 1)   # rank r of 2
+        array([1])
+    """
     if seg.rank == root:
         out = x.copy()  # C order
         seg.exchange(out.reshape(-1), call)
