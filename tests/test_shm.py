@@ -317,18 +317,20 @@ def _job(tmp_path: Path, body: str, n: int = 2) -> tuple[int, str, float]:
 
 
 @pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")
-def test_a_silent_peer_in_the_segment_times_out(tmp_path):
-    code, out, took = _job(tmp_path, """
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
+                                "broadcast"])
+def test_a_silent_peer_in_the_segment_times_out(tmp_path, op):
+    code, out, took = _job(tmp_path, f"""
         fc.init(timeout=1.0)
-        x = np.ones(300_000)
-        fc.all_reduce(x)                # makes the segment; both ranks take it
+        x = np.ones(100_000)            # 800 KB: inside every op's window
+        fc.{op}(x)                      # makes the segment; both ranks take it
         assert fc.world().shm
         if fc.get_rank() == 1:
             time.sleep(20)              # alive, but never makes the second call
-        fc.all_reduce(x)
+        fc.{op}(x)
     """)
     assert code != 0 and took < 20, out
-    assert "CollectiveTimeoutError" in out and "all_reduce (call #2 on the group)" in out, out
+    assert "CollectiveTimeoutError" in out and f"{op} (call #2 on the group)" in out, out
     assert "fcoll flight record" in out, out
 
 
