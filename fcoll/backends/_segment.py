@@ -17,7 +17,7 @@ barrier. Writes are plain stores in program order (data, then the flag), which x
 memory model (TSO) keeps in order for the other cores; elsewhere ``MPI.Win.Sync`` fences
 them.
 
-Waiting polls the flags (`Segment.wait`): a busy spin that, with more ranks than cores,
+Waiting polls the flags (`Segment.exchange`): a busy spin that, with more ranks than cores,
 yields the core at every poll (`os.sched_yield`) so the peer it waits for can run, as the
 MPI path's polls do (`fcoll.work.backoff`); after ``YIELD_SECONDS`` it sleeps between polls;
 a call with a deadline raises `fcoll.work.CollectiveTimeoutError` once it passes, as the
@@ -57,7 +57,8 @@ class Segment:
 
     Example:
         >>> seg = Segment(node, 1 << 20)           # every rank of a 2-rank group
-        >>> seg.slot(seg.step + 1, seg.rank)[:4] = data   # copy in, then arrive
+        >>> seg.exchange(np.full(2, r + 1.0), call)[0]     # rank r: rank 0's slot
+        array([1., 1.])
     """
 
     def __init__(self, node: Any, capacity: int) -> None:
@@ -88,10 +89,6 @@ class Segment:
         self.node.Barrier()  # the zeroed flags are seen by all before any step
         self.step = 0
 
-    def slot(self, step: int, rank: int) -> np.ndarray:
-        """The bytes of ``rank``'s slot for ``step``."""
-        return self.slots[step & 1][rank]
-
     def rows(self, nbytes: int, dtype: np.dtype[Any]) -> list[list[np.ndarray]]:
         """The first ``nbytes`` of every slot as ``dtype``, by parity then rank (kept: a
         view costs about 0.3 us to make, and a call makes ``n`` of them)."""
@@ -104,14 +101,6 @@ class Segment:
                                       for parity in self.slots]
         return rows
 
-    def arrive(self, step: int, nbytes: int) -> None:
-        """This rank's data for ``step`` is in its slot; its call moves ``nbytes``."""
-        if FENCE:
-            self.win.Sync()
-        base = self.rank * (LINE // 8)
-        self.ctl[base + NBYTES + (step & 1)] = nbytes
-        self.ctl[base + ARRIVED] = step
-
     def exchange(self, data: np.ndarray, call: Call, total: int | None = None, send: bool = True
                  ) -> list[np.ndarray]:
         """One whole step for ``data`` that fits a slot: copy it in, arrive announcing
@@ -120,8 +109,9 @@ class Segment:
         dtype (by rank, ``data.size`` elements each). ``data`` is 1-D, or 2-D with one row
         per rank's block: then this rank's own block is not copied (only it reads that).
         ``send=False``: nothing is copied in (a broadcast's non-root announces its size).
-        `rows`, `arrive`, `wait` and `agree` in one call, with what they look up kept in
-        locals: the default group's fast path spends about 2 us less per call so.
+        Every step of every call is one `exchange` (a step that only announces passes empty
+        ``data`` and ``send=False``); what it looks up is kept in locals, for the default
+        group's fast path.
 
         Example:
             >>> rows = seg.exchange(np.full(2, r + 1.0), call)     # rank r of 2
@@ -132,13 +122,10 @@ class Segment:
         total = nbytes if total is None else total
         step = self.step = self.step + 1
         parity = NBYTES + (step & 1)
-        rows = self._rows.get((nbytes, data.dtype)) or self.rows(nbytes, data.dtype)
-        row = rows[step & 1]
-        if not send:
-            pass
-        elif data.ndim == 1:
+        row = self.rows(nbytes, data.dtype)[step & 1]
+        if send and data.ndim == 1:
             row[me][...] = data
-        else:
+        elif send:
             blocks = row[me].reshape(data.shape)
             for j in range(data.shape[0]):
                 if j != me:
@@ -159,29 +146,19 @@ class Segment:
         return row
 
     def announced(self, step: int) -> list[int]:
-        """The byte counts every rank announced at ``step`` (after `wait`)."""
+        """The byte counts every rank announced at ``step`` (once all arrived)."""
         words = LINE // 8
         return [self.ctl[j * words + NBYTES + (step & 1)] for j in range(self.n)]
 
     def agree(self, step: int, nbytes: int, call: Call) -> None:
         """`ValueError` (on every rank alike) unless every rank announced ``nbytes`` at
-        ``step`` (after `wait`)."""
+        ``step`` (once all arrived)."""
         ctl, word = self.ctl, NBYTES + (step & 1)
         for j in range(self.n):
             if ctl[j * (LINE // 8) + word] != nbytes:
                 raise ValueError(f"{call.fn}: expected the same number of bytes on every rank "
                                  f"of group {list(call.group.ranks)}, got {self.announced(step)} "
                                  "(by group rank)")
-
-    def wait(self, step: int, call: Call) -> None:
-        """Return once every rank arrived at ``step``; `CollectiveTimeoutError` past the
-        call's deadline."""
-        ctl, words = self.ctl, LINE // 8
-        for j in range(self.n):
-            if ctl[j * words + ARRIVED] < step:
-                self._wait_for(j * words + ARRIVED, step, call)
-        if FENCE:
-            self.win.Sync()
 
     def _wait_for(self, word: int, step: int, call: Call) -> None:
         ctl = self.ctl
@@ -206,7 +183,7 @@ class Segment:
 
     def grow(self, capacity: int) -> None:
         """Replace the window by one with ``capacity`` bytes per slot (collective; every
-        rank must have finished reading the old one: call it right after a `wait`)."""
+        rank must have finished reading the old one: call it right after an `exchange`)."""
         self._release()
         self._allocate(round_up(capacity))
 

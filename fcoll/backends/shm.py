@@ -307,10 +307,7 @@ def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None, send: b
     ``send=False``: this rank copies nothing in (`Segment.exchange`)."""
     need = data.nbytes
     if need > seg.capacity:  # only a first step (the largest): every rank's need is total's
-        seg.step += 1
-        seg.arrive(seg.step, total or need)
-        seg.wait(seg.step, call)
-        seg.agree(seg.step, total or need, call)
+        seg.exchange(data[:0], call, total or need, send=False)  # announce, compare
         seg.grow(max(need, min(2 * seg.capacity, CHUNK)))
         total = None  # checked
     return seg.exchange(data, call, total, send)
