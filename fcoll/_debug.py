@@ -27,27 +27,12 @@ import numpy as np
 from fcoll import _runtime, _trace
 from fcoll.backends import mpi as backend
 from fcoll.ops import PremulSum, ReduceOp
-from fcoll.work import Call
+from fcoll.work import Call, CollectiveMismatchError
 
 log = logging.getLogger("fcoll")
 
 _PLAIN = (bool, int, float, complex, str)
-
-
-class CollectiveMismatchError(ValueError):
-    """The ranks of a group made different calls (op, shapes, dtypes, roots, sizes, order).
-
-    Raised on every rank of the group, before anything is sent, when ``debug="detail"``
-    (`fcoll.init` or ``FCOLL_DEBUG``); a `ValueError`, with a table of each rank's call.
-    When some ranks' own arguments failed their local checks, those ranks raise their own
-    `TypeError`/`ValueError` and the others this error, naming them.
-
-    Example:
-        >>> fc.init(debug="detail")                  # every rank; mpiexec -n 2
-        >>> fc.all_reduce(np.ones(3 if fc.get_rank() == 0 else 4))
-        Traceback (most recent call last):           # on ranks 0 and 1 alike
-        CollectiveMismatchError: all_reduce: the ranks of group [0, 1] made different calls ...
-    """
+__all__ = ["CollectiveMismatchError", "checked", "compare", "describe"]
 
 
 def describe(value: object) -> str:

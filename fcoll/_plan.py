@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fcoll import _fingerprint
 from fcoll._validate import check_array
 from fcoll.dtypes import BFLOAT16, check_dtype, check_op, wire_dtype, wire_op
 from fcoll.ops import NcclOp, PremulSum, ReduceOp, bool_op, mpi_op, nccl_op, resolve_op
@@ -72,6 +73,7 @@ class ReductionPlan:
     simple: bool  # the wire is x's own data and the result needs no conversion
     direct: bool  # simple, and MPI's own op reduces it: a C-contiguous x goes as it is
     fold_ufunc: np.ufunc  # ``ufunc``, or where MPI's op reduces, the ufunc with its result
+    fp: int  # the call's fingerprint as an all_reduce (`fcoll._fingerprint`; | kind_bits)
 
     def wire(self, x: np.ndarray) -> np.ndarray:
         """C-contiguous wire data of ``x``'s shape; ``x`` itself when nothing changes."""
@@ -119,8 +121,9 @@ def _mpi_plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPla
         resolved, PremulSum)
     direct = simple and ufunc is None
     folds = ufunc or (np.add if isinstance(on_wire, PremulSum) else _ANY_ORDER[on_wire])
+    name = "premul_sum" if isinstance(resolved, PremulSum) else resolved.value
     return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple, direct,
-                         folds)
+                         folds, _fingerprint.of("all_reduce", name, dtype))
 
 
 def reduction_plan(x: np.ndarray, op: object, group: Any, fn: str) -> ReductionPlan:

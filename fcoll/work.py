@@ -38,6 +38,24 @@ class CollectiveTimeoutError(TimeoutError):
     flight_record: str = ""
 
 
+class CollectiveMismatchError(ValueError):
+    """The ranks of a group made different calls (op, shapes, dtypes, roots, sizes, order).
+
+    Raised on every rank of the group, before anything is sent, when ``debug="detail"``
+    (`fcoll.init` or ``FCOLL_DEBUG``); a `ValueError`, with a table of each rank's call.
+    On the on-node shared-memory path it is raised even with debug off, from each call's
+    fingerprint (op, dtype, element count, root, kind of call; `fcoll._fingerprint`).
+    When some ranks' own arguments failed their local checks, those ranks raise their own
+    `TypeError`/`ValueError` and the others this error, naming them.
+
+    Example:
+        >>> fc.init(debug="detail")                  # every rank; mpiexec -n 2
+        >>> fc.all_reduce(np.ones(3 if fc.get_rank() == 0 else 4))
+        Traceback (most recent call last):           # on ranks 0 and 1 alike
+        CollectiveMismatchError: all_reduce: the ranks of group [0, 1] made different calls ...
+    """
+
+
 class Call:
     """The public call in progress on a group: what the transport needs besides buffers.
 

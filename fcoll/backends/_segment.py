@@ -5,7 +5,9 @@ its start, 64-byte aligned:
 
 - a control area: one 64-byte line per rank, written only by that rank (no two ranks
   write one cache line): ``ARRIVED`` is the number of the last step whose data the rank
-  has copied in; ``NBYTES + parity`` the byte count it announced for that step's call;
+  has copied in; ``ANNOUNCE + 2 * parity`` and the word after it the call's fingerprint
+  (`fcoll._fingerprint`: kind of call, op, dtype, root) and element count that it announced
+  at that step;
 - the slots: two sets (by the parity of the step number) of ``n`` slots of ``capacity``
   bytes, slot ``j`` written only by rank ``j``.
 
@@ -33,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _runtime, _trace, _trace_report
+from fcoll import _fingerprint, _runtime, _trace, _trace_report
 from fcoll.work import Call, timed_out
 
 LINE = 64  # bytes per control line (one cache line)
-ARRIVED, NBYTES = 0, 2  # int64 words of a rank's control line (NBYTES + parity)
+ARRIVED, ANNOUNCE = 0, 2  # int64 words of a rank's control line (ANNOUNCE + 2 * parity: fp, count)
 ALIGN = 4096
 ROWS_KEPT = 64  # (size, dtype) views kept per segment
 SPINS = 64  # polls before the first yield
@@ -57,7 +59,7 @@ class Segment:
 
     Example:
         >>> seg = Segment(node, 1 << 20)           # every rank of a 2-rank group
-        >>> seg.exchange(np.full(2, r + 1.0), call)[0]     # rank r: rank 0's slot
+        >>> seg.exchange(np.full(2, r + 1.0), call, fp, 2)[0]     # rank r: rank 0's slot
         array([1., 1.])
     """
 
@@ -101,28 +103,28 @@ class Segment:
                                       for parity in self.slots]
         return rows
 
-    def exchange(self, data: np.ndarray, call: Call, total: int | None = None, send: bool = True
+    def exchange(self, data: np.ndarray, call: Call, fp: int, count: int, send: bool = True
                  ) -> list[np.ndarray]:
-        """One whole step for ``data`` that fits a slot: copy it in, arrive announcing
-        ``total`` (default: its size), wait for every rank, check that every rank announced
-        the same (`ValueError` on every rank alike); return every rank's slot as ``data``'s
+        """One whole step for ``data`` that fits a slot: copy it in, arrive announcing the
+        call's fingerprint ``fp`` and element count ``count``, wait for every rank, check that
+        every rank announced the same (`fcoll.work.CollectiveMismatchError` on every rank
+        alike, the table of what each rank called); return every rank's slot as ``data``'s
         dtype (by rank, ``data.size`` elements each). ``data`` is 1-D, or 2-D with one row
         per rank's block: then this rank's own block is not copied (only it reads that).
-        ``send=False``: nothing is copied in (a broadcast's non-root announces its size).
-        Every step of every call is one `exchange` (a step that only announces passes empty
-        ``data`` and ``send=False``); what it looks up is kept in locals, for the default
-        group's fast path.
+        ``send=False``: nothing is copied in (a broadcast's non-root; a step that only
+        announces passes empty ``data``). Every step of every call is one `exchange`; what
+        it looks up is kept in locals, for the default group's fast path.
 
         Example:
-            >>> rows = seg.exchange(np.full(2, r + 1.0), call)     # rank r of 2
+            >>> fp = _fingerprint.of("all_gather_into_tensor", "", np.dtype("float64"))
+            >>> rows = seg.exchange(np.full(2, r + 1.0), call, fp, 2)     # rank r of 2
             >>> [row.tolist() for row in rows]
             [[1.0, 1.0], [2.0, 2.0]]
         """
-        nbytes, ctl, me = data.nbytes, self.ctl, self.rank
-        total = nbytes if total is None else total
+        ctl, me = self.ctl, self.rank
         step = self.step = self.step + 1
-        parity = NBYTES + (step & 1)
-        row = self.rows(nbytes, data.dtype)[step & 1]
+        word = ANNOUNCE + 2 * (step & 1)
+        row = self.rows(data.nbytes, data.dtype)[step & 1]
         if send and data.ndim == 1:
             row[me][...] = data
         elif send:
@@ -132,33 +134,25 @@ class Segment:
                     blocks[j] = data[j]
         if FENCE:
             self.win.Sync()
-        ctl[self._mine + parity] = total
+        mine = self._mine + word
+        ctl[mine] = fp
+        ctl[mine + 1] = count
         ctl[self._mine] = step
         same = True
-        for word in self._words:
-            if ctl[word] < step:
-                self._wait_for(word, step, call)
-            same = same and ctl[word + parity] == total
+        for at in self._words:
+            if ctl[at] < step:
+                self._wait_for(at, step, call)
+            same = same and ctl[at + word] == fp and ctl[at + word + 1] == count
         if FENCE:
             self.win.Sync()
         if not same:
-            self.agree(step, total, call)
+            raise _fingerprint.mismatch(call.fn, call.group.ranks, self.announced(step))
         return row
 
-    def announced(self, step: int) -> list[int]:
-        """The byte counts every rank announced at ``step`` (once all arrived)."""
-        words = LINE // 8
-        return [self.ctl[j * words + NBYTES + (step & 1)] for j in range(self.n)]
-
-    def agree(self, step: int, nbytes: int, call: Call) -> None:
-        """`ValueError` (on every rank alike) unless every rank announced ``nbytes`` at
-        ``step`` (once all arrived)."""
-        ctl, word = self.ctl, NBYTES + (step & 1)
-        for j in range(self.n):
-            if ctl[j * (LINE // 8) + word] != nbytes:
-                raise ValueError(f"{call.fn}: expected the same number of bytes on every rank "
-                                 f"of group {list(call.group.ranks)}, got {self.announced(step)} "
-                                 "(by group rank)")
+    def announced(self, step: int) -> list[tuple[int, int]]:
+        """What every rank announced at ``step`` (once all arrived): ``(fp, count)`` by rank."""
+        words, word = LINE // 8, ANNOUNCE + 2 * (step & 1)
+        return [(self.ctl[j * words + word], self.ctl[j * words + word + 1]) for j in range(self.n)]
 
     def _wait_for(self, word: int, step: int, call: Call) -> None:
         ctl = self.ctl

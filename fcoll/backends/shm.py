@@ -128,12 +128,14 @@ def attach(call: Call) -> Segment | None:
     return Segment(node, 64 << 10)
 
 
-def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndarray:
     """Every rank's C-contiguous ``send`` reduced with ``ufunc`` in group-rank order, in a
-    new array of its shape and dtype.
+    new array of its shape and dtype. ``fp`` is the call's fingerprint (`fcoll._fingerprint`):
+    every rank announces it with its element count, and ranks that differ raise
+    `fcoll.work.CollectiveMismatchError` on every rank.
 
     Example:
-        >>> allreduce(call, np.array([r + 1.0]), np.add)    # rank r of 3 on one node
+        >>> allreduce(call, np.array([r + 1.0]), np.add, fp)    # rank r of 3 on one node
         array([6.])
     """
     seg = _segment(call)
@@ -143,35 +145,36 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
     per = CHUNK // max(send.itemsize, 1)  # elements per step
     for start in range(0, max(flat.size, 1), per):
         piece = flat[start : start + per]
-        rows = _step(call, seg, piece, flat.nbytes if start == 0 else None)
+        rows = _step(call, seg, piece, fp, flat.size)
         fold(rows, seg.rank, piece, dest[start : start + piece.size], ufunc)
     call.end()
     return out
 
 
-def allreduce_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+def allreduce_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc, fp: int
+                   ) -> np.ndarray:
     """`allreduce` of a C-contiguous ``x`` that fits the segment in one step, for a call
     with no deadline on a group whose segment exists (the default group's fast path,
     `fcoll.collectives._fast`): the same steps and checks, without the call's set-up.
 
     Example:
-        >>> allreduce_step(group.shm, group.call, np.ones(4096), np.add)   # 2 ranks
+        >>> allreduce_step(group.shm, group.call, np.ones(4096), np.add, fp)   # 2 ranks
         array([2., 2., ...])
     """
     flat = x if x.ndim == 1 else x.reshape(-1)
-    rows = seg.exchange(flat, call)
+    rows = seg.exchange(flat, call, fp, flat.size)
     out = np.empty(x.shape, x.dtype)
     fold(rows, seg.rank, flat, out if x.ndim == 1 else out.reshape(-1), ufunc)
     return out
 
 
-def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndarray:
     """Block ``rank`` of ``n`` along axis 0 of every rank's C-contiguous ``send``, reduced
     with ``ufunc`` in group-rank order. Each step moves the next piece of every block, so
     every rank folds its own block at every step.
 
     Example:
-        >>> reduce_scatter_block(call, np.arange(4.0), np.add)   # each of 2 ranks on a node
+        >>> reduce_scatter_block(call, np.arange(4.0), np.add, fp)   # each of 2 ranks on a node
         array([0., 2.])                                          # rank 0; rank 1: [4., 6.]
     """
     seg = _segment(call)
@@ -183,37 +186,38 @@ def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc) -> np.nd
     for start in range(0, max(blocks.shape[1], 1), per):
         pieces = blocks[:, start : start + per]
         size = pieces.shape[1]
-        rows = _step(call, seg, pieces, send.nbytes if start == 0 else None)
+        rows = _step(call, seg, pieces, fp, send.size)
         mine = [row[me * size : (me + 1) * size] for row in rows]
         fold(mine, me, pieces[me], dest[start : start + size], ufunc)
     call.end()
     return out
 
 
-def reduce_scatter_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+def reduce_scatter_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc, fp: int
+                        ) -> np.ndarray:
     """`reduce_scatter_block` of a C-contiguous ``x`` that fits the segment in one step, for
     a call with no deadline on a group whose segment exists (the default group's fast path).
 
     Example:
-        >>> reduce_scatter_step(group.shm, group.call, np.ones(4096), np.add)   # 2 ranks
+        >>> reduce_scatter_step(group.shm, group.call, np.ones(4096), np.add, fp)   # 2 ranks
         array([2., 2., ...])                                                     # 2048 each
     """
     n, me = seg.n, seg.rank
     blocks = x.reshape(n, -1)
     size = blocks.shape[1]
-    rows = seg.exchange(blocks, call)
+    rows = seg.exchange(blocks, call, fp, x.size)
     out = np.empty((x.shape[0] // n, *x.shape[1:]), x.dtype)
     fold([row[me * size : (me + 1) * size] for row in rows], me, blocks[me], out.reshape(-1),
          ufunc)
     return out
 
 
-def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
+def allgather(call: Call, send: np.ndarray, out: np.ndarray, fp: int) -> np.ndarray:
     """Every rank's C-contiguous ``send`` in group-rank order, into ``out`` (C-contiguous,
     ``n`` times ``send``'s size), in steps of at most ``CHUNK`` bytes per rank.
 
     Example:
-        >>> allgather(call, np.array([r]), np.empty(2, int))   # rank r of 2 on one node
+        >>> allgather(call, np.array([r]), np.empty(2, int), fp)   # rank r of 2 on one node
         array([0, 1])
     """
     seg = _segment(call)
@@ -222,22 +226,22 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     per = CHUNK // max(send.itemsize, 1)
     for start in range(0, max(flat.size, 1), per):
         piece = flat[start : start + per]
-        rows = _step(call, seg, piece, flat.nbytes if start == 0 else None)
+        rows = _step(call, seg, piece, fp, flat.size)
         _gather(rows, seg.rank, piece, dest[:, start : start + piece.size])
     call.end()
     return out
 
 
-def allgather_step(seg: Segment, call: Call, x: np.ndarray) -> np.ndarray:
+def allgather_step(seg: Segment, call: Call, x: np.ndarray, fp: int) -> np.ndarray:
     """`allgather` of a C-contiguous ``x`` (at least 1-D) that fits the segment in one step
     into a new array, for the default group's fast path (no deadline, segment made).
 
     Example:
-        >>> allgather_step(group.shm, group.call, np.array([r, r]))   # rank r of 2
+        >>> allgather_step(group.shm, group.call, np.array([r, r]), fp)   # rank r of 2
         array([0, 0, 1, 1])
     """
     flat = x if x.ndim == 1 else x.reshape(-1)
-    rows = seg.exchange(flat, call)
+    rows = seg.exchange(flat, call, fp, flat.size)
     out = np.empty((x.shape[0] * seg.n, *x.shape[1:]), x.dtype)
     _gather(rows, seg.rank, flat, out.reshape(seg.n, -1))
     return out
@@ -249,13 +253,14 @@ def _gather(rows: list[np.ndarray], me: int, mine: np.ndarray, dest: np.ndarray)
         dest[j] = mine if j == me else row
 
 
-def broadcast(call: Call, x: np.ndarray, root: int) -> np.ndarray:
+def broadcast(call: Call, x: np.ndarray, root: int, fp: int) -> np.ndarray:
     """Group rank ``root``'s ``x`` (any layout) in a new C-contiguous array on every rank:
     the root copies it into its slot, the others copy it out, in steps of ``CHUNK`` bytes.
-    Every rank announces its ``x``'s size (`ValueError` on every rank when they differ).
+    Every rank announces the call's fingerprint ``fp`` (root and dtype included) and its
+    ``x``'s size: ranks that differ raise `fcoll.work.CollectiveMismatchError` on every rank.
 
     Example:
-        >>> broadcast(call, np.array([r]), 1)                  # rank r of 2 on one node
+        >>> broadcast(call, np.array([r]), 1, fp)              # rank r of 2 on one node
         array([1])
     """
     seg = _segment(call)
@@ -265,28 +270,28 @@ def broadcast(call: Call, x: np.ndarray, root: int) -> np.ndarray:
     per = CHUNK // max(x.itemsize, 1)
     for start in range(0, max(flat.size, 1), per):
         piece = flat[start : start + per]
-        rows = _step(call, seg, piece, flat.nbytes if start == 0 else None, is_root)
+        rows = _step(call, seg, piece, fp, flat.size, is_root)
         if not is_root:
             piece[...] = rows[root]
     call.end()
     return out
 
 
-def broadcast_step(seg: Segment, call: Call, x: np.ndarray, root: int) -> np.ndarray:
+def broadcast_step(seg: Segment, call: Call, x: np.ndarray, root: int, fp: int) -> np.ndarray:
     """`broadcast` of an ``x`` that fits the segment in one step, for the default group's
     fast path (no deadline, segment made).
 
     Example:
-        >>> broadcast_step(group.shm, group.call, np.array([r]), 1)   # rank r of 2
+        >>> broadcast_step(group.shm, group.call, np.array([r]), 1, fp)   # rank r of 2
         array([1])
     """
     if seg.rank == root:
         out = x.copy()  # C order
-        seg.exchange(out.reshape(-1), call)
+        seg.exchange(out.reshape(-1), call, fp, out.size)
         return out
     out = np.empty(x.shape, x.dtype)
     flat = out.reshape(-1)
-    flat[...] = seg.exchange(flat, call, send=False)[root]
+    flat[...] = seg.exchange(flat, call, fp, flat.size, send=False)[root]
     return out
 
 
@@ -298,19 +303,18 @@ def _segment(call: Call) -> Segment:
     return seg
 
 
-def _step(call: Call, seg: Segment, data: np.ndarray, total: int | None, send: bool = True
+def _step(call: Call, seg: Segment, data: np.ndarray, fp: int, count: int, send: bool = True
           ) -> list[np.ndarray]:
-    """One step (`Segment.exchange`) for ``data`` (1-D, or one row per block). The first
-    step of a call announces ``total`` (the call's bytes on this rank): every rank raises
-    the same `ValueError` when the ranks' sizes differ. A first step that does not fit the
-    segment announces first, then every rank grows the segment alike and takes the step.
+    """One step (`Segment.exchange`) for ``data`` (1-D, or one row per block), announcing
+    the call's fingerprint ``fp`` and element count ``count`` (every rank raises the same
+    `fcoll.work.CollectiveMismatchError` when they differ). A first step that does not fit
+    the segment announces first, then every rank grows the segment alike and takes the step.
     ``send=False``: this rank copies nothing in (`Segment.exchange`)."""
     need = data.nbytes
-    if need > seg.capacity:  # only a first step (the largest): every rank's need is total's
-        seg.exchange(data[:0], call, total or need, send=False)  # announce, compare
+    if need > seg.capacity:  # only a first step (the largest): every rank's need is alike
+        seg.exchange(data[:0], call, fp, count, send=False)  # announce, compare
         seg.grow(max(need, min(2 * seg.capacity, CHUNK)))
-        total = None  # checked
-    return seg.exchange(data, call, total, send)
+    return seg.exchange(data, call, fp, count, send)
 
 
 def fold(rows: list[np.ndarray], me: int, mine: np.ndarray, out: np.ndarray, ufunc: np.ufunc

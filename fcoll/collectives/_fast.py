@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fcoll import _runtime, _trace
+from fcoll._fingerprint import of as fingerprint
 from fcoll.work import fast_eligible as eligible
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..
     its 50 ns are noise.
 
     Example:
-        >>> segment_call(g, _trace.recorder(g.key), "all_reduce", shm.allreduce_step, x, np.add)
+        >>> segment_call(g, _trace.recorder(g.key), "all_reduce", shm.allreduce_step, x, np.add, fp)
     """
     seg = g.shm
     if not seg or x.nbytes > seg.capacity:
@@ -87,10 +88,11 @@ def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..
     return y
 
 
-def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = None) -> Fast:
+def all_reduce(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, fp: int = 0) -> Fast:
     """MPI's all_reduce below ``shared`` bytes; from there on-node shared memory
     (`fcoll.backends.shm`) in one step once the group's segment exists and holds the
-    message, else the full path (which makes or grows the segment, or takes several steps)."""
+    message, else the full path (which makes or grows the segment, or takes several steps).
+    ``fp``: the call's fingerprint, announced through the segment (`fcoll._fingerprint`)."""
     comm, empty = g._comm, np.empty
     calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     from fcoll.backends.shm import allreduce_step as step
@@ -99,7 +101,7 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = N
         if not x.flags.c_contiguous:
             return None
         if x.nbytes >= shared and g.shm is not False:  # False: spans nodes, MPI
-            return segment_call(g, recorder, "all_reduce", step, x, ufunc)
+            return segment_call(g, recorder, "all_reduce", step, x, ufunc, fp)
         g.seq += 1
         out = empty(x.shape, x.dtype)
         if calls is None:
@@ -116,7 +118,8 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = N
     return run
 
 
-def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any = None) -> Fast:
+def reduce_scatter(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, fp: int = 0
+                   ) -> Fast:
     """MPI's reduce_scatter below ``shared`` bytes; from there on-node shared memory in one
     step once the group's segment exists and holds the message, else the full path."""
     comm, empty, n = g._comm, np.empty, g.size
@@ -128,7 +131,7 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any
         if not shape or shape[0] % n or not x.flags.c_contiguous:
             return None
         if x.nbytes >= shared and g.shm is not False:  # False: spans nodes, MPI
-            return segment_call(g, recorder, "reduce_scatter_tensor", step, x, ufunc)
+            return segment_call(g, recorder, "reduce_scatter_tensor", step, x, ufunc, fp)
         g.seq += 1
         out = empty((shape[0] // n, *shape[1:]), x.dtype)
         if calls is None:
@@ -145,10 +148,13 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = float("inf"), ufunc: Any
     return run
 
 
-def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF)) -> Fast:
+def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
+               dtype: np.dtype[Any] | None = None) -> Fast:
     """MPI's all_gather; messages in ``shared`` (lo <= bytes < hi) through on-node shared
-    memory in one step once the group's segment exists and holds them, else the full path."""
+    memory in one step once the group's segment exists and holds them, else the full path.
+    ``dtype``: the arrays' dtype, for the segment's fingerprint."""
     comm, empty, n = g._comm, np.empty, g.size
+    fp = fingerprint("all_gather_into_tensor", "", dtype) if dtype is not None else 0
     calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     lo, hi = shared
     from fcoll.backends.shm import allgather_step as step
@@ -158,7 +164,7 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF)) -> F
         if not shape or not x.flags.c_contiguous:
             return None
         if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
-            return segment_call(g, recorder, "all_gather_into_tensor", step, x)
+            return segment_call(g, recorder, "all_gather_into_tensor", step, x, fp)
         g.seq += 1
         out = empty((shape[0] * n, *shape[1:]), x.dtype)
         if calls is None:
@@ -199,10 +205,13 @@ def all_to_all(g: Any, byte: Any) -> Fast:
     return run
 
 
-def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, INF)) -> Fast:
+def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, INF),
+              dtype: np.dtype[Any] | None = None) -> Fast:
     """MPI's broadcast, up to the size the full path pipelines; messages in ``shared``
-    through on-node shared memory in one step once the segment exists and holds them."""
+    through on-node shared memory in one step once the segment exists and holds them
+    (``dtype``: the arrays' dtype, for the segment's fingerprint)."""
     comm, empty, is_root = g._comm, np.empty, g.rank == root
+    fp = fingerprint("broadcast", "", dtype, root) if dtype is not None else 0
     calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
     lo, hi = shared
     from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
@@ -210,7 +219,7 @@ def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, 
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
-            return segment_call(g, recorder, "broadcast", step, x, root)
+            return segment_call(g, recorder, "broadcast", step, x, root, fp)
         if x.nbytes >= pipeline:
             return None  # the full path pipelines large broadcasts
         g.seq += 1

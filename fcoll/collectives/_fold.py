@@ -25,12 +25,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from fcoll._dispatch import on_node
+from fcoll._fingerprint import kind_bits
 from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
 from fcoll.work import Call
 
 # Per-rank bytes up to which gathering everything beats exchanging blocks (bench/).
 GATHER_LIMIT = 32 << 10
+REDUCE_SCATTER = kind_bits("reduce_scatter_tensor")  # a plan's fingerprint is an all_reduce's
 
 
 def fold(rows: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
@@ -52,7 +54,7 @@ def allreduce(call: Call, plan: ReductionPlan, wire: np.ndarray) -> np.ndarray:
     on-node shared memory where `fcoll._dispatch.on_node` says so (always folded in rank
     order), else MPI."""
     if (shared := on_node(call, wire.nbytes)) is not None:
-        return shared.allreduce(call, wire, plan.fold_ufunc)  # type: ignore[no-any-return]
+        return shared.allreduce(call, wire, plan.fold_ufunc, plan.fp)  # type: ignore[no-any-return]
     if plan.ufunc is None:
         return backend.allreduce(call, wire, plan.op)
     return fold_allreduce(call, wire.reshape(-1), plan.ufunc).reshape(wire.shape)
@@ -73,7 +75,8 @@ def reduce_scatter(call: Call, plan: ReductionPlan, wire: np.ndarray, counts: Se
     wire = wire.reshape(-1)
     if counts.count(counts[0]) == len(counts) and \
             (shared := on_node(call, wire.nbytes, "reduce_scatter")) is not None:
-        return shared.reduce_scatter_block(call, wire, plan.fold_ufunc)  # type: ignore[no-any-return]
+        return shared.reduce_scatter_block(  # type: ignore[no-any-return]
+            call, wire, plan.fold_ufunc, plan.fp | REDUCE_SCATTER)
     if plan.ufunc is not None:
         return fold_reduce_scatter(call, wire, counts, plan.ufunc)
     if len(set(counts)) == 1:

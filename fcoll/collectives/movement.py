@@ -13,6 +13,7 @@ import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import device, on_node, shm_range
+from fcoll._fingerprint import of as fingerprint
 from fcoll._validate import (
     check_array,
     check_dim,
@@ -68,9 +69,10 @@ def broadcast(
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
         _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root,
-                    shm_range(g, "broadcast"))
+                    shm_range(g, "broadcast"), x.dtype)
     if not async_op and (shared := on_node(call, x.nbytes, "broadcast")) is not None:
-        return shared.broadcast(call, x, root)  # type: ignore[no-any-return]
+        fp = fingerprint("broadcast", "", x.dtype, root)
+        return shared.broadcast(call, x, root, fp)  # type: ignore[no-any-return]
     if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
         return backend.bcast_copy(call, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
@@ -182,7 +184,7 @@ def all_gather_into_tensor(
     if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
         if type(gather_dim) is int:
             _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE,
-                        shm_range(g, "all_gather"))
+                        shm_range(g, "all_gather"), x.dtype)
         out = np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
         return allgather(call, x, out)
     x = flat
@@ -202,7 +204,8 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     times ``send``'s bytes): on-node shared memory where `fcoll._dispatch.on_node` says so,
     else MPI. `all_gather_into_tensor` and its coalesced form call it."""
     if (shared := on_node(call, send.nbytes, "all_gather")) is not None:
-        return shared.allgather(call, send, out)  # type: ignore[no-any-return]
+        fp = fingerprint("all_gather_into_tensor", "", send.dtype)
+        return shared.allgather(call, send, out, fp)  # type: ignore[no-any-return]
     return backend.allgather(call, send, out)
 
 

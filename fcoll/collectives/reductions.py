@@ -70,7 +70,7 @@ def all_reduce(
         shared = shm_limit(g)  # up to the size from which on-node shared memory does
         if type(op) is str:
             _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op, shared,
-                        plan.fold_ufunc)
+                        plan.fold_ufunc, plan.fp)
         if x.nbytes < shared:
             return backend.allreduce(call, x, plan.op)
     return plan.finish(_fold.allreduce(call, plan, plan.wire(x)))
@@ -174,7 +174,7 @@ def reduce_scatter_tensor(
         shared = shm_limit(g, "reduce_scatter")  # MPI below this size, shared memory from it
         if type(op) is str and type(scatter_dim) is int:
             _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op,
-                        shared, plan.fold_ufunc)
+                        shared, plan.fold_ufunc, plan.fp | _fold.REDUCE_SCATTER)
         if x.nbytes < shared:
             return backend.reduce_scatter_block(call, x, plan.op)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
