@@ -9,7 +9,7 @@ Example:
     array([10.])
 """
 
-from fcoll import debug, dp, lax
+from fcoll import _abort, debug, dp, lax
 from fcoll._debug import CollectiveMismatchError
 from fcoll._runtime import abort
 from fcoll.collectives import (
@@ -39,6 +39,8 @@ from fcoll.subgroups import new_subgroups, new_subgroups_by_enumeration
 from fcoll.work import CollectiveTimeoutError, Work, wait_all
 
 __version__ = "0.1.0"
+
+_abort.install()  # an exception that ends one rank's script ends the job (FCOLL_ABORT_ON_ERROR)
 
 __all__ = [
     "CollectiveMismatchError",

@@ -16,6 +16,8 @@ import datetime
 import math
 import os
 import sys
+import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -224,6 +226,37 @@ def abort(code: int = 1) -> None:
         ...     fc.abort(3)           # mpiexec exits non-zero, every rank stops
     """
     mpi().COMM_WORLD.Abort(code)
+
+
+def end_job(code: int, text: str = "") -> None:
+    """Write ``text`` to stderr and end the whole job with exit status ``code``, from any
+    thread: ``MPI_Abort``, after a moment for the launcher to forward what was written.
+
+    A process that ``MPI_Abort`` has not ended within 3 s (an MPI library that cannot abort
+    from a second thread while the main one is inside MPI) exits by itself with ``code``;
+    mpiexec then ends the other ranks.
+
+    Example:
+        >>> end_job(1, "[rank 0] fcoll: rank 1 ended its script; ...")   # never returns
+    """
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+    def fallback() -> None:
+        time.sleep(3.0)
+        os._exit(code)
+
+    threading.Thread(target=fallback, name="fcoll end_job", daemon=True).start()
+    time.sleep(0.2)  # the launcher forwards what was written before the abort kills it
+    abort(code)
+    os._exit(code)
+
+
+def ends_jobs() -> bool:
+    """``FCOLL_ABORT_ON_ERROR`` (default on): end the whole job when a rank's script fails,
+    ends while another rank waits for it, or an fcoll call fails inside MPI."""
+    return os.environ.get("FCOLL_ABORT_ON_ERROR", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def settings() -> _State:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from fcoll import _runtime, _trace
@@ -48,9 +48,19 @@ def _array(value: object) -> str | None:
     return None
 
 
+def _value(value: object) -> str:
+    """An argument other than an array as the report shows it: ops by name (``sum``, not
+    ``ReduceOp.SUM``), lists item by item, the rest as ``str``."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_array(v) or _value(v) for v in value) + "]"
+    name = getattr(value, "value", None)  # an enum (fcoll.ReduceOp)
+    return name if isinstance(name, str) else str(value)
+
+
 def _args(args: Any) -> tuple[str, str]:
-    """An entry's arguments as shown, and their arrays alone (what ranks must agree on: the
-    fast paths keep only the array, and ``debug="detail"`` compares the rest)."""
+    """An entry's arguments as shown (``x=float32[4] op=sum``, named as the contract names
+    them), and their arrays alone (what ranks must agree on: the fast paths keep only the
+    array, and ``debug="detail"`` compares the rest)."""
     if not args:
         return "", ""
     if _array(args) is not None:  # a fast path's entry: the array alone
@@ -58,14 +68,17 @@ def _args(args: Any) -> tuple[str, str]:
     shown, arrays = [], []
     for name, value in args:
         text = _array(value)
-        if text is None and isinstance(value, list):
-            items = [_array(v) for v in value]
-            text = "[" + ", ".join(t or repr(v) for t, v in zip(items, value, strict=True)) + "]" \
-                if any(items) else None
+        if text is None and isinstance(value, list) and any(_array(v) for v in value):
+            text = _value(value)
         if text is not None:
             arrays.append(text)
-        shown.append(text if text is not None else f"{name}={value}")
+        shown.append(f"{name}={text if text is not None else _value(value)}")
     return " ".join(shown), " ".join(arrays)
+
+
+def arguments(args: Any) -> str:
+    """A recorded call's arguments as shown (``x=float32[4] op=sum``)."""
+    return _args(args)[0]
 
 
 def snapshot() -> list[Entry]:
@@ -138,12 +151,28 @@ def gather(timeout: float) -> tuple[dict[int, list[Entry]], list[int]]:
     return records, [r for r in range(comm.size) if r not in records]
 
 
-def _cell(entry: Entry | None) -> str:
+def _when(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else (
+        f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s")
+
+
+def _row(seq: int | None, rank: int, entry: Entry | None, missing: str) -> list[str]:
+    """One rank's call in a group's table: call, rank, op, arguments, state, time."""
+    call = f"#{seq}" if seq is not None else ""
     if entry is None:
-        return "-"
+        return [call, str(rank), "-", missing, "", ""]
     _, _, fn, args, _, state, seconds = entry
-    when = f"{seconds * 1e6:.0f}us" if seconds < 1e-3 else f"{seconds:.3g}s"
-    return f"{fn} {args} {state} {when}".replace("  ", " ")
+    return [call, str(rank), fn, args, state, _when(seconds)]
+
+
+def _aligned(rows: list[list[str]], marks: list[str]) -> list[str]:
+    """``rows`` in columns that line up (the last column unpadded), each with its mark."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row, mark in zip(rows, marks, strict=True):
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)] + [row[-1]]
+        out.append(("  " + "  ".join(cells)).rstrip() + mark)
+    return out
 
 
 def _key(entry: Entry) -> tuple[str, str]:
@@ -188,26 +217,36 @@ def _groups(records: dict[int, list[Entry]]) -> list[Key]:
     return sorted(seen, key=lambda key: (-len(key[0]), key[0], key[1]))
 
 
+def _table(records: dict[int, list[Entry]], key: Key, rows: int) -> list[str]:
+    """One group's table: a line per rank and call, the first difference marked."""
+    members = [r for r in key[0] if r in records]
+    found = divergence(records, key)
+    calls = {r: {e[1]: e for e in records[r] if e[0] == key} for r in members}
+    seqs = sorted({s for c in calls.values() for s in c})
+    stop = found[0] if found else (seqs[-1] if seqs else 0)
+    table, marks = [["call", "rank", "op", "arguments", "state", "time"]], [""]
+    for seq in [s for s in seqs if s <= stop + 2][-rows:]:
+        for i, r in enumerate(members):
+            last = max((s for s in calls[r] if s < seq), default=None)
+            missing = f"(no call #{seq}; last: #{last})" if last is not None else f"(no call #{seq})"
+            table.append(_row(seq if i == 0 else None, r, calls[r].get(seq), missing))
+            marks.append("  <<< first difference" if found and seq == found[0] and i == 0 else "")
+    return _aligned(table, marks)
+
+
 def report(records: dict[int, list[Entry]], missing: Sequence[int], reason: str,
            timeout: float, rows: int = 8, stale: Sequence[int] = ()) -> str:
-    """The records side by side, one table per group, the first difference marked."""
+    """The records of every rank, one table per group: a line per rank and call (op,
+    arguments as the contract names them, state, time), the first difference marked."""
     lines = [f"fcoll flight record ({reason}): the last calls of each rank, per group"]
     for key in _groups(records):
-        ranks = key[0]
-        members = [r for r in ranks if r in records]
         found = divergence(records, key)
-        seqs = sorted({e[1] for r in members for e in records[r] if e[0] == key})
-        stop = found[0] if found else (seqs[-1] if seqs else 0)
-        shown = [s for s in seqs if s <= stop + 2][-rows:]
-        lines.append(f"group {list(ranks)} (group #{key[1]} of the job):")
-        lines.append("  call   " + "".join(f"{'rank ' + str(r):<44}" for r in members))
-        for seq in shown:
-            cells = [_cell(next((e for e in records[r] if e[0] == key and e[1] == seq), None))
-                     for r in members]
-            mark = "  <<< first difference" if found and seq == found[0] else ""
-            lines.append(f"  #{seq:<5}" + "".join(f"{c[:43]:<44}" for c in cells) + mark)
-        lines.append(f"  first difference at call #{found[0]}: {found[1]}" if found
-                     else "  the ranks' records agree on every call")
+        lines.append(f"group {list(key[0])} (group #{key[1]} of the job):")
+        lines += _table(records, key, rows)
+        if found:
+            lines.append(f"  first difference at call #{found[0]}: {found[1]}")
+        elif sum(r in records for r in key[0]) > 1:
+            lines.append("  the ranks' records agree on every call")
     late = [r for r in stale if r in records]
     if missing or late:
         lines.append(f"no answer within {timeout:g} s from rank(s) "
@@ -237,6 +276,4 @@ def local(reason: str) -> str:
     return report({me: snapshot()}, [], reason, 0.0)
 
 
-def lines_of(records: Iterable[Entry]) -> list[str]:
-    """One line per entry (for state files)."""
-    return [f"#{e[1]} {list(e[0][0])} {_cell(e)}" for e in records]
+

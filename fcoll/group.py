@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fcoll import _runtime, _trace_report
+from fcoll import _runtime, _trace_report, _watch
 from fcoll._runtime import Timeout, to_seconds
 from fcoll.work import Call
 
@@ -57,9 +57,10 @@ class Group:
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
         self.call = Call(self, comm)  # the public call in progress (refreshed by `member`)
-        # The flight recorder's name for the group, equal on its members (ranks alone do
-        # not tell a split of the world from the world): (ranks, a serial they agree on).
+        # The flight recorder's name for the group, equal on its members: (ranks, an agreed serial).
         self.key = (self._ranks, _agreed_serial(comm) if comm is not None else -1)
+        if comm is not None:
+            _watch.track(self)  # its call numbers, for the stall watch and the node board
         self.nccl: Any = None  # the NCCL communicator, made on the first GPU call (fcoll.gpu.nccl)
         self.nccl_device = -1  # the GPU it was made on
         self.gpu_shared: list[list[int]] | None = None  # ranks sharing a GPU (None: not asked yet)
@@ -67,10 +68,6 @@ class Group:
         # The shared-memory segment (fcoll.backends.shm): None until the first call that
         # could use it, then the segment, or False when the group spans nodes.
         self.shm: Any = None
-
-    @classmethod
-    def _from_comm(cls, comm: Any, ranks: Sequence[int]) -> Group:
-        return cls(comm, ranks)
 
     @property
     def rank(self) -> int:
@@ -239,6 +236,7 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         _runtime.check_launcher(MPI)  # a launcher of another MPI: every rank alone
         state.world = Group(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
         _trace_report.start(MPI.COMM_WORLD)  # the flight recorder's own communicator
+        _watch.start(MPI.COMM_WORLD)  # the stall watch and the node board (fcoll._watch)
     _runtime.configure(timeout, debug)
 
 

@@ -2,21 +2,21 @@
 
     mpiexec -n 4 python -m fcoll.run script.py [args ...]
 
-Under plain ``python script.py`` a rank that raises exits while the others wait forever
-in their next collective. Here the failing rank prints its traceback (prefixed with its
-rank) and calls ``MPI_Abort``, so ``mpiexec`` stops every rank and exits non-zero.
-``python -m mpi4py script.py`` does the same without the rank prefix.
+``import fcoll`` alone does this for an uncaught exception (`fcoll._abort`, unless
+``FCOLL_ABORT_ON_ERROR=0``); this runner also does it in a job of one process, with that
+setting off, and for ``sys.exit`` with a non-zero status. The failing rank prints its
+traceback (prefixed with its rank) and every answering rank's flight record, then calls
+``MPI_Abort``, so ``mpiexec`` stops every rank and exits non-zero. ``python -m mpi4py
+script.py`` does the same without the rank prefix.
 """
 
 from __future__ import annotations
 
 import runpy
 import sys
-import time
-import traceback
 
-from fcoll import _trace_report
-from fcoll._runtime import abort, mpi
+from fcoll import _abort
+from fcoll._runtime import abort
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,22 +31,8 @@ def main(argv: list[str] | None = None) -> None:
         if exit_.code not in (None, 0):
             abort(exit_.code if isinstance(exit_.code, int) else 1)
         raise
-    except BaseException:
-        rank = mpi().COMM_WORLD.Get_rank()
-        text = traceback.format_exc()
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
-        sys.stderr.flush()
-        _flight_record(rank, text.strip().splitlines()[-1])
-        time.sleep(0.2)  # the launcher forwards what was written before the abort kills it
-        abort(1)
-
-
-def _flight_record(rank: int, error: str) -> None:
-    """Before the abort: every answering rank's last calls, printed by the lowest of them
-    (`fcoll.debug`); nothing when fcoll never started or a timeout already printed them."""
-    if _trace_report._COMM and "CollectiveTimeoutError" not in error:
-        _trace_report.collect(f"python -m fcoll.run: rank {rank} raised {error[:80]}", 5.0,
-                              always=True)
+    except BaseException as error:
+        _abort.fail(error, runner="python -m fcoll.run")  # prints it, ends the job
 
 
 if __name__ == "__main__":

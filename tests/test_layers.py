@@ -19,8 +19,9 @@ PACKAGE = Path(fc.__file__).resolve().parent
 # may import its own layer and the layers below, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime", "fcoll._trace",
-                 "fcoll._trace_report")),
-    ("operations in flight", ("fcoll.work",)),
+                 "fcoll._trace_report", "fcoll._board", "fcoll._stall_report", "fcoll._watch",
+                 "fcoll._abort", "fcoll._mpi_errors")),
+    ("operations in flight", ("fcoll.work", "fcoll._fingerprint")),
     ("transport", ("fcoll.backends", "fcoll.gpu.nccl", "fcoll.gpu.aware", "fcoll.gpu.staged")),
     ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._plan")),
     ("dispatch", ("fcoll.gpu.settings", "fcoll._dispatch", "fcoll.gpu.probe", "fcoll._tree")),

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from fcoll import _runtime
+from fcoll._board import NODE_ENV as NODE_ENV
+from fcoll._board import node_size_setting, split_node
 from fcoll.backends._segment import Segment
 from fcoll.work import Call, wait_request
 
 NAME = "shm"
 ENV = "FCOLL_SHM"
-NODE_ENV = "FCOLL_SHM_NODE_SIZE"
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 # Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
 # did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
@@ -63,10 +64,7 @@ def settings() -> tuple[str, int]:
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if value not in _MODES:
         raise ValueError(f"{ENV}: expected one of auto, 1, 0, got {value!r}")
-    size = os.environ.get(NODE_ENV, "").strip() or "0"
-    if not size.isdigit():
-        raise ValueError(f"{NODE_ENV}: expected a number of ranks per node, got {size!r}")
-    _SETTING.append((_MODES[value], int(size)))
+    _SETTING.append((_MODES[value], node_size_setting()))
     return _SETTING[0]
 
 
@@ -115,13 +113,7 @@ def attach(call: Call) -> Segment | None:
     comm = call.begin()
     if call.seconds is not None:  # everyone is in this call before the blocking setup
         wait_request(comm.Ibarrier(), call)
-    MPI = _runtime.mpi()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    per_node = settings()[1]
-    if per_node:
-        fake = node.Split(MPI.COMM_WORLD.Get_rank() // per_node, node.Get_rank())
-        node.Free()
-        node = fake
+    node = split_node(comm, settings()[1])
     if node.Get_size() != comm.Get_size():
         node.Free()
         return None

@@ -45,6 +45,7 @@ from typing import Any
 import pytest
 
 import fcoll
+from fcoll import _abort
 from fcoll._runtime import mpi
 from fcoll.testing import pytest_mpi
 from fcoll.testing import sync as syncing
@@ -89,6 +90,7 @@ def _limit(config: pytest.Config) -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _abort.under_testing()  # failures are reported here, not by ending the job
     config.addinivalue_line(
         "markers", "mpi(min_size=None, max_size=None, timeout=None): run only at MPI world "
         "sizes in [min_size, max_size]; timeout overrides mpi_timeout for this test")
