@@ -6,7 +6,7 @@ stay readable. Pure functions of what the watch knows: the call this rank waits 
 the lines of its peers on this node (`fcoll._board`).
 
 Example:
-    >>> print(stalled(wait, 61.0, peers, watch, now), end="")
+    >>> print(stalled(wait, 60.0, peers, watch), end="")
     [rank 0] fcoll: stalled 61 s in all_reduce (call #4 on group [0, 1]: float32[4] op=sum) ...
     [rank 0]   rank 1 (this node): outside fcoll for 58 s; its last call on the group: #3
 """
@@ -87,9 +87,10 @@ def _peer_lines(me: int, wait: Any, peers: list[_board.Line], now: float) -> lis
     return lines
 
 
-def stalled(wait: Any, waited: float, peers: list[_board.Line], watch: Any, now: float,
+def stalled(wait: Any, waited: float, peers: list[_board.Line], watch: Any,
             final: bool = False) -> str:
-    """The stall report: in full the first time (and when ending the job), then a line."""
+    """The stall report after ``waited`` seconds: in full the first time (and when ending the
+    job), then a line."""
     me, call = watch.rank, describe(wait)
     if wait.reports and not final:
         return f"[rank {me}] fcoll: still stalled in {call} after {_seconds(waited)}\n"

@@ -41,7 +41,8 @@ def start(comm_world: Any) -> None:
 
 def _array(value: object) -> str | None:
     """``float32[4]`` (``cupy float32[4]``) for an array's summary, else None."""
-    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], tuple):
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], (type, str)) \
+            and isinstance(value[1], tuple):
         kind, shape, dtype = value
         module = kind if isinstance(kind, str) else getattr(kind, "__module__", "?").split(".")[0]
         return ("" if module == "numpy" else f"{module} ") + f"{dtype}{list(shape)}"
@@ -243,10 +244,13 @@ def report(records: dict[int, list[Entry]], missing: Sequence[int], reason: str,
         found = divergence(records, key)
         lines.append(f"group {list(key[0])} (group #{key[1]} of the job):")
         lines += _table(records, key, rows)
+        present = [r for r in key[0] if r in records]
         if found:
             lines.append(f"  first difference at call #{found[0]}: {found[1]}")
-        elif sum(r in records for r in key[0]) > 1:
+        elif len(present) == len(key[0]):
             lines.append("  the ranks' records agree on every call")
+        elif len(present) > 1:
+            lines.append(f"  the records of ranks {', '.join(map(str, present))} agree on every call")
     late = [r for r in stale if r in records]
     if missing or late:
         lines.append(f"no answer within {timeout:g} s from rank(s) "

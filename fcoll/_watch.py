@@ -164,13 +164,13 @@ class Watch:
         peers = self.board.lines() if self.board is not None else []
         if self.ends and (text := _stall_report.hopeless(wait, peers, self.rank)) is not None:
             _runtime.end_job(1, text + "\n" + _trace_report_local(wait))
-        waited = now - wait.since
-        if self.warn and waited >= self.warn * 2 ** wait.reports:
-            sys.stderr.write(_stall_report.stalled(wait, waited, peers, self, now))
+        waited, due = now - wait.since, self.warn * 2 ** wait.reports
+        if self.warn and waited >= due:  # reported as the threshold it passed: 1, 2, 4... x warn
+            sys.stderr.write(_stall_report.stalled(wait, due, peers, self))
             sys.stderr.flush()
             wait.reports += 1
         if self.stall_abort and waited >= self.stall_abort:
-            text = _stall_report.stalled(wait, waited, peers, self, now, final=True)
+            text = _stall_report.stalled(wait, self.stall_abort, peers, self, final=True)
             _runtime.end_job(1, text + _trace_report_local(wait))
 
     def _publish(self, wait: Wait | None, now: float) -> None:

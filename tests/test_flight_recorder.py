@@ -113,3 +113,37 @@ def test_recording_off_keeps_nothing() -> None:
 def test_bad_trace_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match=r"trace: expected size to be an int >= 0, got -1"):
         fc.debug.trace(-1)
+
+
+def test_the_table_names_arguments_as_the_contract_does_in_columns_that_line_up() -> None:
+    """One line per rank and call: op, arguments by name (arrays as dtype[shape], ops by
+    name), state and time, each column starting at the same place on every line."""
+    import numpy as np
+
+    from fcoll.ops import ReduceOp
+
+    world = ((0, 1), 0)
+    fast = (world, 15, "all_reduce", "numpy", (4,), np.dtype("float32"), 1.0)
+    full = (world, 16, "all_gather_into_tensor",
+            (("x", (np.ndarray, (4, 2), np.dtype("float32"))), ("gather_dim", 1), ("sizes", None)), 2.0)
+    reduce = (world, 15, "all_reduce", (("x", (np.ndarray, (4,), np.dtype("float32"))),
+                                        ("op", ReduceOp.SUM)), 1.0)
+    ring = _trace.Ring(8)
+    for i, entry in enumerate([fast, full]):
+        ring.calls[i], ring.ends[i] = entry, 1.5 if i == 0 else 0.0
+    ring.pos[0] = 2
+    saved, _trace.RING = _trace.RING, ring
+    try:
+        mine = _trace_report.snapshot()
+    finally:
+        _trace.RING = saved
+    other = [(world, 15, "all_reduce", *_trace_report._args(reduce[3]), "completed", 2e-5)]
+    text = _trace_report.report({0: mine, 1: other}, [], "test", 1.0)
+    lines = text.splitlines()
+    assert "x=float32[4, 2] gather_dim=1 sizes=None" in text and "x=float32[4] op=sum" in text, text
+    rows = [line for line in lines if line.startswith("  #") or line.startswith("        ")]
+    header = next(line for line in lines if line.lstrip().startswith("call"))
+    for column in ("rank", "op", "arguments", "state", "time"):
+        start = header.index(column)
+        assert all(row[start - 2 : start] == "  " for row in rows if len(row) > start), text
+    assert "(no call #16; last: #15)" in text and "<<< first difference" in text, text
