@@ -15,6 +15,7 @@ from typing import Any
 
 from fcoll import _runtime, _trace_report, _watch
 from fcoll._runtime import Timeout, to_seconds
+from fcoll.backends import native
 from fcoll.work import Call
 
 _SERIAL = [0]  # groups made by this process, as agreed with their members
@@ -237,6 +238,7 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         state.world = Group(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
         _trace_report.start(MPI.COMM_WORLD)  # the flight recorder's own communicator
         _watch.start(MPI.COMM_WORLD)  # the stall watch and the node board (fcoll._watch)
+        native.agree(state.world._comm)  # the compiled shared-memory core: every rank or none
     _runtime.configure(timeout, debug)
 
 

@@ -7,7 +7,6 @@ and deadlines keep their word. Each case that could hang has a short limit of it
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -74,7 +73,7 @@ def test_the_hook_stays_quiet_when_off_or_interactive(tmp_path, case):
     REPL and after ``python -i``; mpiexec gives no rank a terminal to read from): rank 1
     fails alone, rank 0 finishes its own work (it makes no call rank 1 would miss)."""
     env = {"FCOLL_ABORT_ON_ERROR": "0"} if case == "off" else {}
-    code, out, _ = _job(tmp_path, """
+    _code, out, _ = _job(tmp_path, """
         fc.barrier()
         if r == 1:
             raise ValueError("boom")
@@ -214,7 +213,7 @@ def test_an_error_inside_mpi_names_the_call_and_ends_the_job(tmp_path):
 
 @pytest.mark.parametrize("seconds", [1.5, 5.0])
 def test_a_deadline_error_arrives_within_half_a_second(tmp_path, seconds):
-    code, out, _ = _job(tmp_path, f"""
+    _code, out, _ = _job(tmp_path, f"""
         g = fc.new_group(timeout={seconds})
         fc.all_reduce(np.ones(3), group=g)
         if r == 1:
@@ -236,8 +235,9 @@ def test_a_deadline_error_arrives_within_half_a_second(tmp_path, seconds):
 
 
 def test_fingerprints_tell_what_the_contract_compares():
-    from fcoll import _fingerprint as fp
     import numpy as np
+
+    from fcoll import _fingerprint as fp
 
     f4, i4 = np.dtype("float32"), np.dtype("int32")
     calls = [fp.of("all_reduce", "sum", f4), fp.of("all_reduce", "max", f4),

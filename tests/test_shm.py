@@ -158,10 +158,11 @@ def test_the_segment_grows_and_serves_each_call(world_size):
         pytest.skip("checks the default setting")
     g = fc.new_group()
     try:
+        lo = shm.limit(g)  # MIN_BYTES; 0 with the compiled core; NEVER at world size 1
         small = np.ones(8, np.float32)
         assert fc.all_reduce(small, group=g).tolist() == [world_size] * 8
-        assert g.shm is None  # no call of a shared-memory size yet
-        for count in [shm.MIN_BYTES["all_reduce"] // 4, 200_000, shm.CHUNK // 2]:  # the last: 2 steps
+        assert (g.shm is None) == (small.nbytes < lo)  # made at the first call of its sizes
+        for count in [max(lo, 4) // 4, 200_000, shm.CHUNK // 2]:  # the last: 2 steps
             y = fc.all_reduce(np.full(count, 2.0, np.float32), group=g)
             assert y.shape == (count,) and (y == 2.0 * world_size).all()
         if world_size == 1:
@@ -171,7 +172,7 @@ def test_the_segment_grows_and_serves_each_call(world_size):
         assert seg and seg.capacity == shm.CHUNK
         steps = seg.step
         fc.all_reduce(small, group=g)
-        assert seg.step == steps  # below MIN_BYTES: MPI
+        assert seg.step == steps + (small.nbytes >= lo)  # below the window: MPI
     finally:
         g.destroy()
     assert g.shm is False and (world_size == 1 or seg.win is None)
@@ -208,8 +209,8 @@ def test_the_default_groups_fast_path_steps_through_the_segment(world_size, rank
     fc.all_reduce(np.ones(8, dtype))  # the segment exists and the fast paths are learned
     fc.reduce_scatter_tensor(np.ones(world_size, dtype))
     full = []
-    monkeypatch.setattr(shm, "allreduce", lambda *a: full.append(a) or pytest.fail("full path"))
-    monkeypatch.setattr(shm, "reduce_scatter_block", lambda *a: full.append(a) or pytest.fail("full"))
+    for name in ("allreduce", "reduce_scatter_block", "allreduce_native", "reduce_scatter_native"):
+        monkeypatch.setattr(shm, name, lambda *a: full.append(a) or pytest.fail("full path"))
     fast = ("sum", np.dtype(dtype)) in _fast.ALL_REDUCE  # floats at n > 2 fold on the full path
     if not fast:
         monkeypatch.undo()

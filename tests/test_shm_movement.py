@@ -12,7 +12,6 @@ import pytest
 
 import fcoll as fc
 from fcoll.backends import shm
-from fcoll.backends._segment import Segment
 from fcoll.group import resolve_group
 from tests.helpers import ALL_DTYPES, bits, same_bits
 from tests.test_shm import _both, _set, forced  # noqa: F401  (the fixture)
@@ -119,40 +118,41 @@ def test_mismatched_sizes_raise_on_every_rank(group, forced):  # noqa: F811
         assert (fc.all_reduce(np.ones(3, np.int64), group=group.arg) == group.size).all()
 
 
-def test_the_size_window_under_the_default_setting(world_size, rank, monkeypatch):
-    """FCOLL_SHM unset: all_gather through the segment from MIN_BYTES up to MAX_BYTES
-    (exclusive), broadcast likewise; MPI outside, and for async calls."""
+def test_the_size_window_under_the_default_setting(world_size, rank):
+    """FCOLL_SHM unset: all_gather through the segment from its window's start (MIN_BYTES;
+    the first byte with the compiled core) up to MAX_BYTES (exclusive), broadcast likewise;
+    MPI outside, and for async calls."""
     if world_size == 1 or os.environ.get(shm.ENV, "auto") != "auto":
         pytest.skip("needs two ranks and the default setting")
-    steps = []  # every step taken through a segment (growing one restarts its numbers)
-    exchange = Segment.exchange
-    monkeypatch.setattr(Segment, "exchange", lambda *a, **k: steps.append(1) or exchange(*a, **k))
     g = fc.new_group()
     try:
+        fc.all_gather_into_tensor(np.ones(shm.CHUNK // 8), group=g)  # made, grown: one window
+        seg = g.shm
         for op, call in (("all_gather", lambda x: fc.all_gather_into_tensor(x, group=g)),
                          ("broadcast", lambda x: fc.broadcast(x, 0, group=g))):
-            lo, hi = shm.MIN_BYTES[op], shm.MAX_BYTES[op]
-            for nbytes, through in ((lo - 8, False), (lo, True), (hi - 8, True), (hi, False)):
+            lo, hi = int(shm.limit(g, op)), int(shm.ceiling(op))
+            cases = [(lo - 8, False)] if lo >= 8 else []
+            for nbytes, through in (*cases, (max(lo, 8), True), (hi - 8, True), (hi, False)):
                 x = np.full(nbytes // 8, rank + 1.0)
-                before = len(steps)
+                before = seg.taken
                 y = call(x)
-                assert (len(steps) > before) == through, (op, nbytes)
+                assert (seg.taken > before) == through, (op, nbytes)
                 assert y.size == (x.size * world_size if op == "all_gather" else x.size)
                 assert (y[: x.size] == 1.0).all()
-        before, x = len(steps), np.ones(shm.MAX_BYTES["all_gather"] // 16)
+        before, x = seg.taken, np.ones(shm.MAX_BYTES["all_gather"] // 16)
         works = [fc.all_gather_into_tensor(x, group=g, async_op=True),
                  fc.broadcast(x, 0, group=g, async_op=True)]
         assert [w.wait().size for w in works] == [x.size * world_size, x.size]
-        assert len(steps) == before
+        assert seg.taken == before
     finally:
         g.destroy()
 
 
 def test_all_gather_coalesced_through_the_segment(group, forced, monkeypatch):  # noqa: F811
     """The coalesced form gathers its one fused buffer through the segment too."""
-    steps = []
-    exchange = Segment.exchange
-    monkeypatch.setattr(Segment, "exchange", lambda *a, **k: steps.append(1) or exchange(*a, **k))
+    fc.all_gather_into_tensor(np.ones(8), group=group.arg)  # the segment made
+    seg = resolve_group(group.arg, "test").shm
+    before = seg.taken if seg else 0
     xs = [bits(group.rank, s, d, salt=21) for s, d in [((3, 2), np.float32), ((), np.int8),
                                                         ((0, 4), np.float64), ((7,), np.uint16)]]
     mpi, on_node = _both(fc.all_gather_into_tensor_coalesced, xs, group=group.arg)
@@ -160,7 +160,7 @@ def test_all_gather_coalesced_through_the_segment(group, forced, monkeypatch):  
     for x, y in zip(xs, on_node, strict=True):
         parts = [bits(r, x.shape, x.dtype, salt=21) for r in range(group.size)]
         assert same_bits(y, np.concatenate([p.reshape(1) if p.ndim == 0 else p for p in parts]))
-    assert bool(steps) == (group.size > 1)
+    assert bool(seg and seg.taken > before) == (group.size > 1)
 
 
 def test_a_world_that_spans_nodes_keeps_the_mpi_fast_path(world_size, rank, forced,  # noqa: F811

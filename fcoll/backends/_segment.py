@@ -38,8 +38,9 @@ import numpy as np
 from fcoll import _fingerprint, _runtime, _trace, _trace_report
 from fcoll.work import Call, timed_out
 
-LINE = 64  # bytes per control line (one cache line)
+LINE = 128  # control bytes per rank: the numpy path uses the first 64-byte line, the C core both
 ARRIVED, ANNOUNCE = 0, 2  # int64 words of a rank's control line (ANNOUNCE + 2 * parity: fp, count)
+CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 ALIGN = 4096
 ROWS_KEPT = 64  # (size, dtype) views kept per segment
 SPINS = 64  # polls before the first yield
@@ -63,12 +64,26 @@ class Segment:
         array([1., 1.])
     """
 
-    def __init__(self, node: Any, capacity: int) -> None:
+    def __init__(self, node: Any, capacity: int, core: Any = None) -> None:
         self.node = node
         self.n, self.rank = node.Get_size(), node.Get_rank()
-        self.step = 0  # the last step taken (equal on every rank)
+        self._step = 0  # the last step taken (equal on every rank), when the core does not step
+        self._earlier = 0  # steps taken in the windows before this one (`taken`)
         self.win: Any = None
+        self._native = core  # the compiled core's module (fcoll.backends.native), or None
+        self.core: Any = None  # its Core for this window: every step goes through it
         self._allocate(round_up(max(capacity, 1)))
+
+    @property
+    def step(self) -> int:
+        """The last step taken in this window (equal on every rank; a grown window starts
+        again at 0)."""
+        return int(self.core.step) if self.core is not None else self._step
+
+    @property
+    def taken(self) -> int:
+        """Every step this segment has taken, in all its windows."""
+        return self._earlier + self.step
 
     def _allocate(self, capacity: int) -> None:
         MPI = _runtime.mpi()
@@ -89,7 +104,11 @@ class Segment:
         if FENCE:
             self.win.Lock_all(MPI.MODE_NOCHECK)
         self.node.Barrier()  # the zeroed flags are seen by all before any step
-        self.step = 0
+        self._step = 0
+        if self._native is not None:
+            self.core = self._native.Core(self.mem, self.n, self.rank, capacity, self.head, CHUNK,
+                                          0, _runtime.OVERSUBSCRIBED)
+            self.core.serve = _trace_report.serve  # a report in progress gets this rank's record
 
     def rows(self, nbytes: int, dtype: np.dtype[Any]) -> list[list[np.ndarray]]:
         """The first ``nbytes`` of every slot as ``dtype``, by parity then rank (kept: a
@@ -121,8 +140,10 @@ class Segment:
             >>> [row.tolist() for row in rows]
             [[1.0, 1.0], [2.0, 2.0]]
         """
+        if self.core is not None:
+            return self._exchange_native(data, call, fp, count, send)
         ctl, me = self.ctl, self.rank
-        step = self.step = self.step + 1
+        step = self._step = self._step + 1
         word = ANNOUNCE + 2 * (step & 1)
         row = self.rows(data.nbytes, data.dtype)[step & 1]
         if send and data.ndim == 1:
@@ -149,8 +170,43 @@ class Segment:
             raise _fingerprint.mismatch(call.fn, call.group.ranks, self.announced(step))
         return row
 
+    def _exchange_native(self, data: np.ndarray, call: Call, fp: int, count: int, send: bool
+                         ) -> list[np.ndarray]:
+        """`exchange` with the core stepping: the data goes into this rank's slot (never its
+        control line: calls that take this path take it on every rank), the core announces,
+        waits and compares."""
+        row = self.rows(data.nbytes, data.dtype)[(self.core.step + 1) & 1]
+        if send:
+            mine = row[self.rank]
+            if data.ndim == 1:
+                mine[...] = data
+            else:
+                blocks = mine.reshape(data.shape)
+                for j in range(data.shape[0]):
+                    if j != self.rank:
+                        blocks[j] = data[j]
+        self.native(call, self.core.announce, fp, count)
+        return row
+
+    def native(self, call: Call, method: Any, *args: Any) -> Any:
+        """``method(*args, deadline)`` of the core, its two errors told as fcoll's: a
+        disagreement (`fcoll.work.CollectiveMismatchError`, every rank) and a missed deadline
+        (`fcoll.work.CollectiveTimeoutError`)."""
+        seconds = call.seconds
+        try:
+            return method(*args, -1.0 if seconds is None else call.start + seconds)
+        except self._native.Mismatch as error:
+            raise _fingerprint.mismatch(call.fn, call.group.ranks,
+                                        self.announced(error.args[0])) from None
+        except self._native.Timeout:
+            _trace.fail(call.slot)
+            assert seconds is not None  # the core only times out with a deadline
+            raise timed_out(call.fn, call.group, seconds, call.group.seq) from None
+
     def announced(self, step: int) -> list[tuple[int, int]]:
         """What every rank announced at ``step`` (once all arrived): ``(fp, count)`` by rank."""
+        if self.core is not None:
+            return [(int(fp), int(count)) for fp, count in self.core.announced(step)]
         words, word = LINE // 8, ANNOUNCE + 2 * (step & 1)
         return [(self.ctl[j * words + word], self.ctl[j * words + word + 1]) for j in range(self.n)]
 
@@ -178,12 +234,14 @@ class Segment:
     def grow(self, capacity: int) -> None:
         """Replace the window by one with ``capacity`` bytes per slot (collective; every
         rank must have finished reading the old one: call it right after an `exchange`)."""
+        self._earlier += self.step
         self._release()
         self._allocate(round_up(capacity))
 
     def _release(self) -> None:
         if self.win is None:
             return
+        self.core = None  # it holds the window's memory
         if FENCE:
             self.win.Unlock_all()
         self.ctl.release()

@@ -34,18 +34,22 @@ import numpy as np
 from fcoll import _runtime
 from fcoll._board import NODE_ENV as NODE_ENV
 from fcoll._board import node_size_setting, split_node
-from fcoll.backends._segment import Segment
+from fcoll.backends import native
+from fcoll.backends._segment import CHUNK, Segment
 from fcoll.work import Call, wait_request
 
 NAME = "shm"
 ENV = "FCOLL_SHM"
-CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 # Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
 # did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
 # (bench/shm_movement.py).
 MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10,
              "broadcast": 128 << 10}
 MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
+# With the compiled core stepping (fcoll.backends.native), from the first byte
+# (bench/shm_movement.py, docs/performance.md).
+NATIVE_MIN_BYTES = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0}
+NATIVE_MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
@@ -84,7 +88,9 @@ def limit(group: Any, op: str = "all_reduce") -> float:
     if group.size < 2 or group.shm is False:
         return NEVER
     mode = settings()[0]
-    return MIN_BYTES[op] if mode == "auto" else 0 if mode == "on" else NEVER
+    if mode != "auto":
+        return 0 if mode == "on" else NEVER
+    return (NATIVE_MIN_BYTES if native.running() else MIN_BYTES)[op]
 
 
 def ceiling(op: str) -> float:
@@ -95,7 +101,9 @@ def ceiling(op: str) -> float:
         >>> ceiling("all_gather"), ceiling("all_reduce")       # FCOLL_SHM unset
         (1572864, inf)
     """
-    return MAX_BYTES.get(op, NEVER) if settings()[0] == "auto" else NEVER
+    if settings()[0] != "auto":
+        return NEVER
+    return (NATIVE_MAX_BYTES if native.running() else MAX_BYTES).get(op, NEVER)
 
 
 def segment(call: Call) -> Segment | None:
@@ -117,7 +125,8 @@ def attach(call: Call) -> Segment | None:
     if node.Get_size() != comm.Get_size():
         node.Free()
         return None
-    return Segment(node, 64 << 10)
+    core = native.module() if native.running() and node.Get_size() <= native.MAX_RANKS else None
+    return Segment(node, 64 << 10, core)
 
 
 def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndarray:
@@ -139,6 +148,46 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndar
         piece = flat[start : start + per]
         rows = _step(call, seg, piece, fp, flat.size)
         fold(rows, seg.rank, piece, dest[start : start + piece.size], ufunc)
+    call.end()
+    return out
+
+
+def ready(call: Call, seg: Segment, nbytes: int, fp: int, count: int) -> Segment:
+    """``seg``, holding a step of ``nbytes`` per rank (``min(nbytes, CHUNK)``): a segment too
+    small first announces (so disagreeing ranks raise before anyone grows), then every rank
+    grows it alike."""
+    need = min(nbytes, CHUNK)
+    if need > seg.capacity:
+        seg.exchange(np.empty(0, np.uint8), call, fp, count, send=False)  # announce, compare
+        seg.grow(max(need, min(2 * seg.capacity, CHUNK)))
+    return seg
+
+
+def allreduce_native(call: Call, x: np.ndarray, kernel: native.Kernel, fp: int) -> np.ndarray:
+    """`allreduce` by the compiled core: ``x`` C-contiguous in its own dtype (float16 and
+    bfloat16 travel as themselves and are folded in float32), folded with ``kernel``
+    (`fcoll.backends.native.kernel`), a new finished array (avg divided, premul scaled).
+
+    Example:
+        >>> allreduce_native(call, np.array([r + 1.0]), native.kernel(f8, np.add, False, None), fp)
+        array([3.])                                              # rank r of 2 on one node
+    """
+    seg = ready(call, _segment(call), x.nbytes, fp, x.size)
+    out: np.ndarray = seg.native(call, seg.core.allreduce, x, *kernel, fp)
+    call.end()
+    return out
+
+
+def reduce_scatter_native(call: Call, x: np.ndarray, kernel: native.Kernel, fp: int) -> np.ndarray:
+    """`reduce_scatter_block` by the compiled core (see `allreduce_native`).
+
+    Example:
+        >>> reduce_scatter_native(call, np.arange(4.0), kernel, fp)   # each of 2 ranks
+        array([0., 2.])                                               # rank 0; rank 1: [4., 6.]
+    """
+    n = call.group.size
+    seg = ready(call, _segment(call), min(x.nbytes // n, CHUNK // n) * n, fp, x.size)
+    out: np.ndarray = seg.native(call, seg.core.reduce_scatter, x, *kernel, fp)
     call.end()
     return out
 
@@ -213,6 +262,11 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray, fp: int) -> np.ndar
         array([0, 1])
     """
     seg = _segment(call)
+    if seg.core is not None:
+        ready(call, seg, send.nbytes, fp, send.size)
+        seg.native(call, seg.core.allgather, send.reshape(-1), out, fp)
+        call.end()
+        return out
     flat = send.reshape(-1)
     dest = out.reshape(seg.n, -1)
     per = CHUNK // max(send.itemsize, 1)
@@ -256,6 +310,12 @@ def broadcast(call: Call, x: np.ndarray, root: int, fp: int) -> np.ndarray:
         array([1])
     """
     seg = _segment(call)
+    if seg.core is not None:
+        ready(call, seg, x.nbytes, fp, x.size)
+        data = x.copy(order="C") if seg.rank == root and not x.flags.c_contiguous else x
+        result: np.ndarray = seg.native(call, seg.core.broadcast, data, root, fp)
+        call.end()
+        return result
     is_root = seg.rank == root
     out = np.array(x, order="C", copy=True) if is_root else np.empty(x.shape, x.dtype)
     flat = out.reshape(-1)

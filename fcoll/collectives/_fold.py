@@ -28,6 +28,8 @@ from fcoll._dispatch import on_node
 from fcoll._fingerprint import kind_bits
 from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
+from fcoll.backends import native
+from fcoll.ops import ReduceOp
 from fcoll.work import Call
 
 # Per-rank bytes up to which gathering everything beats exchanging blocks (bench/).
@@ -49,15 +51,37 @@ def blocks(size: int, n: int) -> list[int]:
     return [base + (i < extra) for i in range(n)]
 
 
-def allreduce(call: Call, plan: ReductionPlan, wire: np.ndarray) -> np.ndarray:
-    """Every rank's reduced ``wire`` (a C-contiguous buffer made by ``plan.wire``): through
-    on-node shared memory where `fcoll._dispatch.on_node` says so (always folded in rank
-    order), else MPI."""
-    if (shared := on_node(call, wire.nbytes)) is not None:
-        return shared.allreduce(call, wire, plan.fold_ufunc, plan.fp)  # type: ignore[no-any-return]
+def _kernel(plan: ReductionPlan) -> native.Kernel | None:
+    """The compiled core's fold for ``plan`` (`fcoll.backends.native.kernel`), or None."""
+    factor = getattr(plan.reduce_op, "factor", None)  # premul_sum
+    return native.kernel(plan.dtype, plan.fold_ufunc, plan.reduce_op is ReduceOp.AVG, factor)
+
+
+def native_kernel(plan: ReductionPlan) -> native.Kernel | None:
+    """The core's fold for ``plan`` where this job's segments step in C, else None."""
+    return _kernel(plan) if native.running() else None
+
+
+def _native(call: Call, plan: ReductionPlan) -> native.Kernel | None:
+    """The core's fold when this call's segment steps in C (every rank of the job alike)."""
+    seg = call.group.shm
+    return _kernel(plan) if seg and seg.core is not None else None
+
+
+def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray) -> np.ndarray:
+    """Every rank's ``x`` (the call's data in its own dtype, any layout) reduced, finished (the
+    result of the call, ``x``'s shape): through on-node shared memory where
+    `fcoll._dispatch.on_node` says so (always folded in rank order; in C where the core runs),
+    else MPI."""
+    if (shared := on_node(call, x.nbytes)) is not None:
+        if (kernel := _native(call, plan)) is not None:
+            data = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            return shared.allreduce_native(call, data, kernel, plan.fp)  # type: ignore[no-any-return]
+        return plan.finish(shared.allreduce(call, plan.wire(x), plan.fold_ufunc, plan.fp))
+    wire = plan.wire(x)
     if plan.ufunc is None:
-        return backend.allreduce(call, wire, plan.op)
-    return fold_allreduce(call, wire.reshape(-1), plan.ufunc).reshape(wire.shape)
+        return plan.finish(backend.allreduce(call, wire, plan.op))
+    return plan.finish(fold_allreduce(call, wire.reshape(-1), plan.ufunc).reshape(wire.shape))
 
 
 def reduce(call: Call, plan: ReductionPlan, wire: np.ndarray, root: int) -> np.ndarray | None:
@@ -68,20 +92,26 @@ def reduce(call: Call, plan: ReductionPlan, wire: np.ndarray, root: int) -> np.n
     return None if y is None else y.reshape(wire.shape)
 
 
-def reduce_scatter(call: Call, plan: ReductionPlan, wire: np.ndarray, counts: Sequence[int]
+def reduce_scatter(call: Call, plan: ReductionPlan, x: np.ndarray, counts: Sequence[int]
                    ) -> np.ndarray:
-    """Block ``rank`` (``counts[rank]`` elements) of the reduction of ``wire``: through
-    on-node shared memory where the blocks are equal and `fcoll._dispatch.on_node` says so."""
-    wire = wire.reshape(-1)
+    """Block ``rank`` (``counts[rank]`` elements) of the reduction of the blocks of ``x`` (the
+    call's data in its own dtype, blocks one after another, any layout), finished and flat:
+    through on-node shared memory where the blocks are equal and `fcoll._dispatch.on_node`
+    says so."""
     if counts.count(counts[0]) == len(counts) and \
-            (shared := on_node(call, wire.nbytes, "reduce_scatter")) is not None:
-        return shared.reduce_scatter_block(  # type: ignore[no-any-return]
-            call, wire, plan.fold_ufunc, plan.fp | REDUCE_SCATTER)
+            (shared := on_node(call, x.nbytes, "reduce_scatter")) is not None:
+        fp = plan.fp | REDUCE_SCATTER
+        if (kernel := _native(call, plan)) is not None:
+            data = np.ascontiguousarray(x).reshape(-1)
+            return shared.reduce_scatter_native(call, data, kernel, fp)  # type: ignore[no-any-return]
+        return plan.finish(shared.reduce_scatter_block(call, plan.wire(x).reshape(-1),
+                                                       plan.fold_ufunc, fp))
+    wire = plan.wire(x).reshape(-1)
     if plan.ufunc is not None:
-        return fold_reduce_scatter(call, wire, counts, plan.ufunc)
+        return plan.finish(fold_reduce_scatter(call, wire, counts, plan.ufunc))
     if len(set(counts)) == 1:
-        return backend.reduce_scatter_block(call, wire, plan.op)
-    return backend.reduce_scatter(call, wire, counts, plan.op)
+        return plan.finish(backend.reduce_scatter_block(call, wire, plan.op))
+    return plan.finish(backend.reduce_scatter(call, wire, counts, plan.op))
 
 
 def fold_reduce_scatter(

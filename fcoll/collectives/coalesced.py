@@ -72,8 +72,8 @@ def all_reduce_coalesced(
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
-        flat = np.concatenate([plan.wire(x).reshape(-1) for x in same])
-        y = plan.finish(_fold.allreduce(call, plan, flat))
+        flat = np.concatenate([x.reshape(-1) for x in same])
+        y = _fold.allreduce(call, plan, flat)
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
     return _per_dtype(arrays, run)
@@ -129,8 +129,8 @@ def reduce_scatter_tensor_coalesced(
 
     def run(same: list[np.ndarray]) -> list[np.ndarray]:
         plan = plans[same[0].dtype]
-        blocks = np.concatenate([plan.wire(x).reshape(n, x.size // n) for x in same], axis=1)
-        y = plan.finish(_fold.reduce_scatter(call, plan, blocks.reshape(-1), [blocks.shape[1]] * n))
+        blocks = np.concatenate([x.reshape(n, x.size // n) for x in same], axis=1)
+        y = _fold.reduce_scatter(call, plan, blocks.reshape(-1), [blocks.shape[1]] * n)
         shapes = [(x.shape[0] // n, *x.shape[1:]) for x in same]
         return _split(y, [x.size // n for x in same], shapes)
 

@@ -24,6 +24,7 @@ from fcoll._validate import (
     split_problem,
 )
 from fcoll.backends import mpi as backend
+from fcoll.backends import native
 from fcoll.collectives import _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
@@ -69,7 +70,7 @@ def broadcast(
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
         _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root,
-                    shm_range(g, "broadcast"), x.dtype)
+                    shm_range(g, "broadcast"), x.dtype, native.running())
     if not async_op and (shared := on_node(call, x.nbytes, "broadcast")) is not None:
         fp = fingerprint("broadcast", "", x.dtype, root)
         return shared.broadcast(call, x, root, fp)  # type: ignore[no-any-return]
@@ -184,7 +185,7 @@ def all_gather_into_tensor(
     if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
         if type(gather_dim) is int:
             _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE,
-                        shm_range(g, "all_gather"), x.dtype)
+                        shm_range(g, "all_gather"), x.dtype, native.running())
         out = np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
         return allgather(call, x, out)
     x = flat

@@ -66,14 +66,13 @@ def all_reduce(
         plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
         return nonblocking.all_reduce(call, g, plan, x)
-    if plan.direct and x.flags.c_contiguous:  # the common case: MPI reduces x as it is,
-        shared = shm_limit(g)  # up to the size from which on-node shared memory does
-        if type(op) is str:
-            _fast.learn(_fast.ALL_REDUCE, (op, x.dtype), g, _fast.all_reduce, plan.op, shared,
-                        plan.fold_ufunc, plan.fp)
-        if x.nbytes < shared:
-            return backend.allreduce(call, x, plan.op)
-    return plan.finish(_fold.allreduce(call, plan, plan.wire(x)))
+    shared = shm_limit(g)  # the bytes from which on-node shared memory serves
+    if x.flags.c_contiguous and type(op) is str:
+        _fast.learn_reduction(_fast.ALL_REDUCE, (op, x.dtype), g, plan, shared,
+                              _fold.native_kernel(plan), scatter=False)
+    if plan.direct and x.flags.c_contiguous and x.nbytes < shared:  # MPI reduces x as it is
+        return backend.allreduce(call, x, plan.op)
+    return _fold.allreduce(call, plan, x)
 
 
 @overload
@@ -170,19 +169,18 @@ def reduce_scatter_tensor(
         plan = reduction_plan(x, op, g, fn)
         dim = check_dim(x, scatter_dim, fn, "scatter_dim")
         check_divisible(x.shape, dim, n, fn, f"x.shape[{scatter_dim}]")
-    if not async_op and plan.direct and dim == 0 and x.flags.c_contiguous:  # the common case
+    if not async_op and dim == 0 and x.flags.c_contiguous:  # the common case
         shared = shm_limit(g, "reduce_scatter")  # MPI below this size, shared memory from it
         if type(op) is str and type(scatter_dim) is int:
-            _fast.learn(_fast.REDUCE_SCATTER, (op, x.dtype), g, _fast.reduce_scatter, plan.op,
-                        shared, plan.fold_ufunc, plan.fp | _fold.REDUCE_SCATTER)
-        if x.nbytes < shared:
+            _fast.learn_reduction(_fast.REDUCE_SCATTER, (op, x.dtype), g, plan, shared,
+                                  _fold.native_kernel(plan), scatter=True)
+        if plan.direct and x.nbytes < shared:
             return backend.reduce_scatter_block(call, x, plan.op)
     blocks = x if dim == 0 else _blocks_first(x, dim, n)
     out_shape = (*x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1 :])
     if async_op:
         return nonblocking.reduce_scatter(call, g, plan, x, blocks, out_shape)
-    y = _fold.reduce_scatter(call, plan, plan.wire(blocks), [x.size // n] * n)
-    return plan.finish(y).reshape(out_shape)
+    return _fold.reduce_scatter(call, plan, blocks, [x.size // n] * n).reshape(out_shape)
 
 
 def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None) -> np.ndarray:
@@ -203,6 +201,6 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
     with _debug.checked(g, call, fn, chunks=chunks, op=op):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
         plan = reduction_plan(arrays[0], op, g, fn)
-    flat = np.concatenate([plan.wire(a).reshape(-1) for a in arrays])
-    y = _fold.reduce_scatter(call, plan, flat, [a.size for a in arrays])
-    return plan.finish(y).reshape(arrays[g.rank].shape)
+    flat = np.concatenate([a.reshape(-1) for a in arrays])
+    return _fold.reduce_scatter(call, plan, flat, [a.size for a in arrays]).reshape(
+        arrays[g.rank].shape)

@@ -1,0 +1,26 @@
+"""The optional C extension of fcoll (the rest of the build is in pyproject.toml).
+
+``fcoll.backends._shmcore`` steps the on-node shared-memory segment in C. It is built with
+the machine's C compiler at ``-O3`` for the baseline of the target architecture (no
+``-march=native``: a wheel runs on any CPU of its platform), without ``-ffast-math``, and
+with ``-ffp-contract=off`` so that no multiply-add is fused: results stay bit-identical to
+numpy's. ``optional=True``: without a compiler the install still succeeds and fcoll uses its
+numpy path (``python -m fcoll info`` says which one runs; ``FCOLL_NATIVE=0`` forces numpy).
+``FCOLL_SANITIZE=1`` at build time adds AddressSanitizer and UBSan (scripts/sanitize.sh).
+"""
+
+import os
+
+import numpy
+from setuptools import Extension, setup
+
+flags = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall", "-Wextra",
+         "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
+link = []
+if os.environ.get("FCOLL_SANITIZE") == "1":
+    flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
+    link += ["-fsanitize=address,undefined"]
+
+setup(ext_modules=[Extension("fcoll.backends._shmcore", ["fcoll/backends/_shmcore.c"],
+                             include_dirs=[numpy.get_include()], extra_compile_args=flags,
+                             extra_link_args=link, optional=True)])
