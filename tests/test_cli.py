@@ -44,11 +44,30 @@ def test_info_prints_mpi_library_and_versions():
 
 
 @spawns
+@pytest.mark.parametrize("setting", ["auto", "0"])
+def test_info_says_which_engine_steps_the_segment(setting):
+    """The compiled core where it was built (the suite's installs build it), the numpy
+    path with FCOLL_NATIVE=0."""
+    import importlib.util
+
+    done = _fcoll("info", "--json", FCOLL_NATIVE=setting)
+    assert done.returncode == 0, done.stderr
+    step = json.loads(done.stdout)["shared memory"]["step"]
+    if setting == "0":
+        assert step == "numpy path (FCOLL_NATIVE=0)"
+    elif importlib.util.find_spec("fcoll.backends._shmcore") is not None:
+        assert step.startswith("compiled core (") and "_shmcore" in step, step
+    else:
+        assert step.startswith("numpy path"), step
+
+
+@spawns
 def test_info_json_parses():
     done = _fcoll("info", "--json", FCOLL_MPI_THREAD_LEVEL="funneled")
     assert done.returncode == 0, done.stderr
     report_ = json.loads(done.stdout)
-    assert set(report_) == {"versions", "mpi", "launcher", "start-up", "environment", "gpu"}
+    assert set(report_) == {"versions", "mpi", "launcher", "start-up", "shared memory",
+                            "environment", "gpu"}
     assert report_["mpi"]["world size"] == "1"
     assert report_["mpi"]["thread level"].startswith("funneled")
     assert report_["mpi"]["oversubscribed"] == "no"

@@ -61,6 +61,26 @@ def module() -> Any:
     return _shmcore
 
 
+def describe() -> str:
+    """Which engine steps this process's segments, and why, for ``python -m fcoll info``
+    (what this process allows; the job runs the core only where every rank does).
+
+    Example:
+        >>> describe()                  # built, FCOLL_NATIVE unset
+        'compiled core (/.../fcoll/backends/_shmcore.cpython-311-x86_64-linux-gnu.so)'
+    """
+    try:
+        core = module()
+    except (ValueError, RuntimeError) as error:
+        return f"error: {error}"
+    if core is not None:
+        return f"compiled core ({core.__file__})"
+    if os.environ.get(ENV, "auto").strip().lower() in ("0", "off"):
+        return f"numpy path ({ENV}=0)"
+    return ("numpy path (the compiled core was not built: no C compiler at install time? "
+            "reinstall fcoll with one, pip install -e .)")
+
+
 def agree(comm: Any) -> bool:
     """Decide for the job whether the core runs (collective over the world communicator,
     at `fcoll.init`): only if every rank has it and allows it."""

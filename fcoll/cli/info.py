@@ -22,7 +22,8 @@ Report = dict[str, dict[str, str]]
 # and Open MPI settings fcoll may set itself when ranks outnumber cores (fcoll._runtime).
 KNOBS = ("FCOLL_MPI_THREAD_LEVEL", "FCOLL_DEBUG", "FCOLL_MALLOC_TUNING", "FCOLL_GPU_TRANSPORT",
          "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI", "FCOLL_ALLOW_SINGLETON", "FCOLL_TRACE",
-         "FCOLL_SHM", "FCOLL_SHM_NODE_SIZE")
+         "FCOLL_SHM", "FCOLL_SHM_NODE_SIZE", "FCOLL_NATIVE", "FCOLL_ABORT_ON_ERROR",
+         "FCOLL_STALL_WARN", "FCOLL_STALL_ABORT")
 MPICH_SET = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
              "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_CH4_PROGRESS_THROTTLE",
              "OMPI_MCA_mpi_yield_when_idle")
@@ -141,6 +142,19 @@ def _gpu_section() -> dict[str, str]:
     return facts
 
 
+def _shm_section() -> dict[str, str]:
+    """The on-node shared-memory transport: its setting and which engine steps it."""
+    from fcoll.backends import native, shm
+
+    try:
+        mode = shm.settings()[0]
+    except ValueError as error:
+        mode = f"error: {error}"
+    return {"transport": {"auto": "on within measured size windows (FCOLL_SHM=auto)",
+                          "on": "every size (FCOLL_SHM=1)", "off": "off (FCOLL_SHM=0)"}.get(mode, mode),
+            "step": native.describe()}
+
+
 def _knobs() -> dict[str, str]:
     names = sorted(set(KNOBS) | {k for k in os.environ if k.startswith("FCOLL_")})
     shown = {name: os.environ.get(name, "(unset)") for name in names}
@@ -164,7 +178,8 @@ def collect() -> Report:
 
     MPI = mpi()
     return {"versions": versions, "mpi": _mpi_section(), "launcher": _launcher_section(MPI),
-            "start-up": _startup_section(MPI), "environment": _knobs(), "gpu": _gpu_section()}
+            "start-up": _startup_section(MPI), "shared memory": _shm_section(),
+            "environment": _knobs(), "gpu": _gpu_section()}
 
 
 def render_plain(report: Report) -> str:
