@@ -6,7 +6,9 @@ the machine's C compiler at ``-O3`` for the baseline of the target architecture 
 with ``-ffp-contract=off`` so that no multiply-add is fused: results stay bit-identical to
 numpy's. ``optional=True``: without a compiler the install still succeeds and fcoll uses its
 numpy path (``python -m fcoll info`` says which one runs; ``FCOLL_NATIVE=0`` forces numpy).
-``FCOLL_SANITIZE=1`` at build time adds AddressSanitizer and UBSan (scripts/sanitize.sh).
+The folds are built twice on x86-64, for the baseline and for AVX2, and the CPU picks one at
+load time (``target_clones``). ``FCOLL_SANITIZE=1`` at build time adds AddressSanitizer and
+UBSan and builds the baseline folds alone (scripts/sanitize.sh).
 """
 
 import os
@@ -18,7 +20,8 @@ flags = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall"
          "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
 link = []
 if os.environ.get("FCOLL_SANITIZE") == "1":
-    flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
+    flags += ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+              "-fno-omit-frame-pointer", "-O1", "-g", "-DFCOLL_NO_CLONES"]
     link += ["-fsanitize=address,undefined"]
 
 setup(ext_modules=[Extension("fcoll.backends._shmcore", ["fcoll/backends/_shmcore.c"],

@@ -22,6 +22,12 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q -e "$root[$mpi,test,bench,docs,examples]" "torch==2.13.0" "jax>=0.4.30"
   touch "$stamp"
 fi
+# The compiled shared-memory core is built by the install; rebuild it when its source or
+# build script changed since (an editable install does not).
+if [ "$root/fcoll/backends/_shmcore.c" -nt "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ]; then
+  "$venv/bin/python" -m pip install -q --no-deps -e "$root"
+  touch "$stamp"
+fi
 PY="$venv/bin/python"
 MPIEXEC="$venv/bin/mpiexec"
 export PY MPIEXEC

@@ -112,7 +112,7 @@ def kernel(dtype: np.dtype[Any], ufunc: np.ufunc, avg: bool, factor: float | com
         True
     """
     kind, op = TYPES.get(dtype), OPS.get(ufunc)
-    if kind is None or op is None:
+    if kind is None or op is None or (op >= O_AND and kind >= T_F16):  # bitwise: integers only
         return None
     if kind in (T_C64, T_C128):
         return (kind, op, 0, 1.0) if op == O_ADD and not avg and factor is None else None

@@ -1,0 +1,226 @@
+"""The compiled shared-memory core (fcoll/backends/_shmcore.c) on its own, in one process:
+rank 0 of a segment whose peers are stand-ins that have always arrived, their data written
+where the core reads it (the control line for messages up to 40 bytes, the slot above).
+Every fold (type x op, avg, premul_sum, scan) is checked bit for bit against numpy's
+rank-order fold, as fcoll's numpy path computes it; float16 and bfloat16 sums go through
+every bit pattern of the first operand. Runs in the world-size-1 pass; the suite's MPI
+passes check the core between real processes (FCOLL_SHM=1, tests/test_native_stress.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fcoll as fc
+from fcoll.backends import native
+
+core_module = native.module()
+pytestmark = [pytest.mark.skipif(fc.get_world_size() != 1, reason="one process"),
+              pytest.mark.skipif(core_module is None, reason="the compiled core is not built")]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(d) for d in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
+                                "int64", "float16", "float32", "float64", "complex64", "complex128")]
+DTYPES.insert(9, BF16)
+UFUNCS = [np.add, np.multiply, np.minimum, np.maximum, np.bitwise_and, np.bitwise_or, np.bitwise_xor]
+CAPACITY, HEAD, FP = 1 << 18, 4096, 12345
+PER_RANK = 128  # control bytes per rank (two 64-byte lines, by parity)
+
+
+class Peers:
+    """A segment of ``n`` ranks stepped by rank 0's core; ranks 1.. publish what a test gives."""
+
+    def __init__(self, n: int, capacity: int = CAPACITY, chunk: int = 1 << 20) -> None:
+        assert core_module is not None
+        self.n, self.capacity = n, capacity
+        self.mem = np.zeros(HEAD + 2 * n * capacity, np.uint8)
+        self.core = core_module.Core(self.mem, n, 0, capacity, HEAD, chunk, 0, False)
+
+    def publish(self, rows: list[np.ndarray], count: int, fp: int = FP, arrived: bool = True) -> None:
+        """Ranks 1..n-1 arrive at the core's next step with ``rows[j - 1]``'s bytes."""
+        step = self.core.step + 1
+        for j, row in enumerate(rows, 1):
+            data = np.ascontiguousarray(row).reshape(-1).view(np.uint8)
+            line = j * PER_RANK + (step & 1) * 64
+            words = self.mem[line : line + 24].view(np.int64)
+            words[:] = (step if arrived else 0, fp, count)
+            if data.nbytes <= core_module.INLINE:
+                self.mem[line + 24 : line + 24 + data.nbytes] = data
+            else:
+                slot = HEAD + ((step & 1) * self.n + j) * self.capacity
+                self.mem[slot : slot + data.nbytes] = data
+
+
+def rank_order(rows: list[np.ndarray], ufunc: np.ufunc, avg: bool = False) -> np.ndarray:
+    """fcoll's numpy path: ((r0 op r1) op r2) ..., float16/bfloat16 in float32, avg after."""
+    dtype = rows[0].dtype
+    wide = np.float32 if dtype in (np.float16, BF16) else dtype
+    with np.errstate(all="ignore"):  # overflow to inf, inf - inf: as the core
+        acc = rows[0].astype(wide)
+        for row in rows[1:]:
+            acc = ufunc(acc, row.astype(wide))
+        if avg:
+            acc = np.divide(acc, len(rows), dtype=wide)
+        return acc.astype(dtype)
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal bit for bit (any NaN matches any NaN: the payload of a NaN that meets another
+    is the hardware's choice, in numpy as in the core)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bits = np.dtype(f"u{want.dtype.itemsize // (2 if want.dtype.kind == 'c' else 1)}")
+    same = got.view(bits) == want.view(bits)
+    if want.dtype.kind in "fc" or want.dtype == BF16:
+        g, w = (got.astype(np.float32), want.astype(np.float32)) if want.dtype == BF16 else (got, want)
+        nans = (np.isnan(g) & np.isnan(w)).reshape(-1)
+        same |= nans.repeat(same.size // max(g.size, 1)).reshape(same.shape)
+    bad = np.flatnonzero(~same.reshape(-1))[:5]
+    assert same.all(), f"differ at {bad}: got {got.reshape(-1)[bad]}, want {want.reshape(-1)[bad]}"
+
+
+def sample(dtype: np.dtype[Any], size: int, rng: np.random.Generator, rank: int) -> np.ndarray:
+    if dtype.kind in "ui":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size, dtype=dtype, endpoint=True)
+    values = rng.standard_normal(size) * 10 ** rng.uniform(-3, 3, size) + rank
+    if dtype.kind == "c":
+        values = values + 1j * rng.standard_normal(size)
+    return values.astype(dtype)
+
+
+def cases() -> list[tuple[np.dtype[Any], np.ufunc]]:
+    found = []
+    for dtype in DTYPES:
+        for ufunc in UFUNCS:
+            if native.kernel(dtype, ufunc, False, None) is not None:
+                found.append((dtype, ufunc))
+    return found
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize(("dtype", "ufunc"), cases(), ids=lambda v: getattr(v, "__name__", str(v)))
+def test_every_fold_is_numpys_rank_order_fold(n, dtype, ufunc):
+    rng = np.random.default_rng([n, DTYPES.index(dtype), UFUNCS.index(ufunc)])
+    for size in (0, 1, 3, 40 // dtype.itemsize, 40 // dtype.itemsize + 1, 1000, 2500):
+        rows = [sample(dtype, size, rng, r) for r in range(n)]
+        kernel = native.kernel(dtype, ufunc, False, None)
+        assert kernel is not None
+        peers = Peers(n)
+        peers.publish(rows[1:], size)
+        got = peers.core.allreduce(rows[0], *kernel, FP, -1.0)
+        assert_same_bits(got, rank_order(rows, ufunc))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("dtype", [np.dtype("float16"), BF16, np.dtype("float32"), np.dtype("float64")])
+def test_avg_and_premul_sum_fold_as_the_numpy_path(n, dtype):
+    rng = np.random.default_rng(n)
+    rows = [sample(dtype, 1500, rng, r) for r in range(n)]
+    kernel = native.kernel(dtype, np.add, True, None)
+    assert kernel is not None
+    peers = Peers(n)
+    peers.publish(rows[1:], 1500)
+    assert_same_bits(peers.core.allreduce(rows[0], *kernel, FP, -1.0), rank_order(rows, np.add, avg=True))
+    scaled = native.kernel(dtype, np.add, False, 0.3)
+    if dtype.itemsize == 2:
+        assert scaled is None  # halves scale in float32 on the numpy path
+        return
+    assert scaled is not None
+    factor = np.asarray(0.3, dtype)
+    peers.publish([np.multiply(r, factor, dtype=dtype) for r in rows[1:]], 1500)  # scaled at copy-in
+    want = rank_order([np.multiply(r, factor, dtype=dtype) for r in rows], np.add)
+    assert_same_bits(peers.core.allreduce(rows[0], *scaled, FP, -1.0), want)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype("float16"), BF16])
+@pytest.mark.parametrize("ufunc", [np.add, np.maximum, np.multiply])
+def test_half_folds_round_every_bit_pattern_as_numpy(dtype, ufunc):
+    """Every 16-bit pattern (zeros, subnormals, normals, infinities, NaNs) against random
+    partners: the loads are exact, the sums and products need every rounding case."""
+    rng = np.random.default_rng(7)
+    first = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    for scale in (1.0, 1e-5, 3e4):
+        with np.errstate(over="ignore"):  # some overflow to inf: cases too
+            other = (rng.standard_normal(1 << 16) * scale).astype(dtype)
+        other[::97] = first[::97]  # ties and exact doubles too
+        peers = Peers(2, capacity=1 << 18)
+        peers.publish([other], first.size)
+        kernel = native.kernel(dtype, ufunc, False, None)
+        assert kernel is not None
+        assert_same_bits(peers.core.allreduce(first, *kernel, FP, -1.0), rank_order([first, other], ufunc))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_scan_folds_the_ranks_before_this_one(n, exclusive):
+    """Rank 0's view: an inclusive scan is its own data, an exclusive one leaves its result
+    to the caller; a stand-in rank 0 is what the peers see, so the core is run as rank n-1."""
+    rng = np.random.default_rng(n)
+    rows = [sample(np.dtype("float32"), 1000, rng, r) for r in range(n)]
+    mem = np.zeros(HEAD + 2 * n * CAPACITY, np.uint8)
+    core = core_module.Core(mem, n, n - 1, CAPACITY, HEAD, 1 << 20, 0, False)
+    for j in range(n - 1):
+        line = j * PER_RANK + 64
+        mem[line : line + 24].view(np.int64)[:] = (1, FP, 1000)
+        slot = HEAD + (n + j) * CAPACITY
+        mem[slot : slot + 4000] = rows[j].view(np.uint8)
+    kind, op, flags, factor = native.kernel(np.dtype("float32"), np.add, False, None)
+    got = core.scan(rows[-1], kind, op, flags | (native.F_EXCLUSIVE if exclusive else 0), factor, FP, -1.0)
+    assert_same_bits(got, rank_order(rows[: n - 1] if exclusive else rows, np.add))
+
+
+def test_reduce_scatter_all_gather_and_broadcast_move_the_right_bytes():
+    n, rng = 3, np.random.default_rng(3)
+    rows = [sample(np.dtype("int32"), 3 * 700, rng, r) for r in range(n)]
+    peers = Peers(n)
+    peers.publish(rows[1:], rows[0].size)
+    kernel = native.kernel(np.dtype("int32"), np.add, False, None)
+    got = peers.core.reduce_scatter(rows[0], *kernel, FP, -1.0)
+    np.testing.assert_array_equal(got, rank_order(rows, np.add)[:700])
+    parts = [rows[r][: 5 + r * 0] for r in range(n)]  # 20 bytes: inside the control line
+    peers.publish(parts[1:], 5)
+    np.testing.assert_array_equal(peers.core.allgather(parts[0], None, FP, -1.0), np.concatenate(parts))
+    peers.publish(rows[1:], rows[0].size)
+    np.testing.assert_array_equal(peers.core.allgather(rows[0], None, FP, -1.0), np.concatenate(rows))
+    peers.publish(rows[1:], rows[0].size)
+    np.testing.assert_array_equal(peers.core.broadcast(np.empty_like(rows[0]), 2, FP, -1.0), rows[2])
+
+
+def test_a_peer_that_announces_something_else_raises_mismatch_with_the_step():
+    peers = Peers(2)
+    x = np.ones(4, np.float32)
+    kernel = native.kernel(x.dtype, np.add, False, None)
+    peers.publish([x], 4, fp=FP + 1)
+    with pytest.raises(core_module.Mismatch) as caught:
+        peers.core.allreduce(x, *kernel, FP, -1.0)
+    assert caught.value.args == (1,)
+    peers.publish([x], 5)  # same call, another element count
+    with pytest.raises(core_module.Mismatch):
+        peers.core.allreduce(x, *kernel, FP, -1.0)
+
+
+def test_a_peer_that_never_arrives_misses_the_deadline():
+    import time
+
+    peers = Peers(2)
+    x = np.ones(4, np.float32)
+    peers.publish([x], 4, arrived=False)
+    start = time.monotonic()
+    with pytest.raises(core_module.Timeout):
+        peers.core.allreduce(x, *native.kernel(x.dtype, np.add, False, None), FP, start + 0.2)
+    assert 0.2 <= time.monotonic() - start < 0.7
+
+
+def test_what_the_core_does_not_take_is_handed_back():
+    """A non-contiguous input, or a message larger than a step the segment holds: None (the
+    caller's numpy path); the step is not taken."""
+    peers = Peers(2, capacity=4096, chunk=8192)
+    kernel = native.kernel(np.dtype("float64"), np.add, False, None)
+    assert peers.core.allreduce(np.ones((4, 4))[:, 0], *kernel, FP, -1.0) is None
+    assert peers.core.allreduce(np.ones(1024), *kernel, FP, -1.0) is None  # 8 KiB step > 4 KiB slot
+    assert peers.core.step == 0
+    with pytest.raises(ValueError, match="no fold"):
+        peers.core.allreduce(np.ones(2), 99, 0, 0, 1.0, FP, -1.0)
