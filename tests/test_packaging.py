@@ -62,3 +62,29 @@ def test_every_gpu_extra_is_documented():
     extras = [name for name in _extras() if name.startswith("gpu")]
     text = (ROOT / "docs" / "gpu.md").read_text()
     assert [name for name in extras if f"fcoll[{name}]" not in text] == []
+
+
+# -- the compiled core is optional ------------------------------------------------------------
+
+
+@pytest.mark.skipif(__import__("fcoll").get_world_size() != 1, reason="one process")
+@pytest.mark.parametrize("compiler", ["gcc", "false"])
+def test_the_build_succeeds_with_or_without_a_c_compiler(tmp_path, compiler):
+    """setup.py's extension is optional: with no working compiler (``CC=false``) the build
+    still succeeds and leaves no extension (fcoll then steps the segment in numpy)."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no {compiler}")
+    env = {**os.environ, "CC": compiler, "LDSHARED": f"{compiler} -shared"}
+    done = subprocess.run([sys.executable, str(ROOT / "setup.py"), "-q", "build_ext",
+                           "--build-lib", str(tmp_path / "lib"), "--build-temp", str(tmp_path / "tmp")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    built = list((tmp_path / "lib").rglob("_shmcore*.so"))
+    if compiler == "false":
+        assert not built and "building extension" in done.stderr and "failed" in done.stderr, done.stderr
+    else:
+        assert len(built) == 1, done.stderr
