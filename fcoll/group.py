@@ -196,6 +196,7 @@ class Group:
         self.usable = False
         if _LIST_GROUPS.get(self._ranks) is self:
             del _LIST_GROUPS[self._ranks]
+        _runtime.changed()  # fast paths learned for this group go
 
     def __repr__(self) -> str:
         state = ", destroyed" if self._destroyed else ""

@@ -117,9 +117,11 @@ class Call:
 
 def fast_eligible(g: Any) -> bool:
     """Whether calls on ``g`` may take a fast path (`fcoll.collectives._fast`,
-    `fcoll.gpu.fast`): ``g`` is the live world group, with no deadline and no debug checks."""
+    `fcoll.gpu.fast`): ``g`` is a live group (the world or another) of a healthy job, with no
+    deadline and no debug checks."""
     s = _runtime._state
-    return g is s.world and s.world.usable and not s.checking and s.timeout is None and g.timeout is None
+    return (g.usable and s.world.usable and not s.checking and s.timeout is None
+            and g.timeout is None)
 
 
 def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:

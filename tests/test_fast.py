@@ -106,3 +106,62 @@ def test_bad_arguments_still_raise_after_fast_calls(world_size):
     with pytest.raises(ValueError, match="src"):
         fc.broadcast(np.ones(2), src=world_size)
     assert fc.all_gather_into_tensor(np.ones(())).shape == (world_size,)  # 0-d: full path
+
+
+# -- fast paths of groups other than the default ----------------------------------------------
+
+GROUP_CALLS = {
+    "all_reduce": lambda x, g: fc.all_reduce(x, group=g),
+    "all_reduce max": lambda x, g: fc.all_reduce(x, "max", group=g),
+    "reduce_scatter_tensor": lambda x, g: fc.reduce_scatter_tensor(x, group=g),
+    "all_gather_into_tensor": lambda x, g: fc.all_gather_into_tensor(x, group=g),
+    "all_to_all_single": lambda x, g: fc.all_to_all_single(x, group=g),
+    "broadcast": lambda x, g: fc.broadcast(x, src=g.size - 1, group=g),
+}
+TABLES = {"all_reduce": _fast.ALL_REDUCE, "all_reduce max": _fast.ALL_REDUCE,
+          "reduce_scatter_tensor": _fast.REDUCE_SCATTER, "all_gather_into_tensor": _fast.ALL_GATHER,
+          "all_to_all_single": _fast.ALL_TO_ALL, "broadcast": _fast.BROADCAST}
+
+
+def _groups(world_size: int) -> dict[str, fc.Group]:
+    """A split that reverses the ranks, and every other rank (other ranks: a non-member)."""
+    rank = fc.get_rank()
+    return {"reversed": fc.world().split(0, key=world_size - rank),
+            "evens": fc.new_group(list(range(0, world_size, 2)))}
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+@pytest.mark.parametrize("name", list(GROUP_CALLS))
+def test_a_group_passed_as_such_learns_its_own_fast_path(name, dtype, world_size):
+    """The second call on a Group finds its own closure (keyed by the group); results match
+    numpy on every layout, and the default group's table is not touched."""
+    for label, g in _groups(world_size).items():
+        if g.rank < 0:
+            continue
+        n, me = g.size, g.rank
+        inputs = [data(r, (2 * n, 3), dtype) for r in g.ranks]
+        want = expected(name, inputs, me)
+        x = inputs[me]
+        default_keys = {k for k in TABLES[name] if type(k) is not tuple or type(k[0]) is not fc.Group}
+        for variant in (x, x, np.asfortranarray(x), x.copy()):
+            assert same_bits(GROUP_CALLS[name](variant, g), want), (label, name)
+        assert any(type(k) is tuple and k[0] is g for k in TABLES[name]), (label, list(TABLES[name]))
+        assert {k for k in TABLES[name] if type(k) is not tuple or type(k[0]) is not fc.Group} \
+            == default_keys
+        g.destroy()
+        assert not any(type(k) is tuple and k[0] is g for k in TABLES[name])  # gone with it
+        with pytest.raises(ValueError, match="live group"):
+            GROUP_CALLS[name](x, g)
+
+
+def test_rank_lists_and_groups_with_deadlines_learn_nothing(world_size):
+    timed = fc.new_group(timeout=30)
+    ranks = list(range(world_size))
+    x = np.ones(3)
+    fc.all_reduce(x)  # the default group's closure exists
+    before = set(_fast.ALL_REDUCE)
+    for _ in range(2):
+        assert fc.all_reduce(x, group=ranks)[0] == world_size
+        assert fc.all_reduce(x, group=timed)[0] == world_size
+    assert set(_fast.ALL_REDUCE) == before
+    timed.destroy()

@@ -1,10 +1,11 @@
-"""Fast paths for the most common call: the default group, blocking, a C-contiguous numpy
-array whose (op, dtype) the default group has already served.
+"""Fast paths for the most common call: blocking, a C-contiguous numpy array whose (op,
+dtype) the group has already served, on the default group (keyed ``(op, dtype)``) or a
+`Group` passed as such (keyed ``(group, (op, dtype))``).
 
 The first such call goes the whole way (resolve the group, check, plan). When nothing a
-later call could change would alter the outcome (no deadline, debug off, the world group
-usable), it leaves a closure here, keyed by ``(op, dtype)`` or ``dtype``; later calls find
-it with one dict lookup and go straight to MPI. Each closure checks the shape conditions of
+later call could change would alter the outcome (no deadline, debug off, the group and the
+world usable), it leaves a closure here (`key`); later calls find it with one dict lookup
+and go straight to MPI or the group's on-node segment. Each closure checks the shape conditions of
 its fast case and returns ``None`` when they fail, so the caller falls through to the full
 path. `reset` drops every closure when a setting they rely on changes (`fcoll.init`, a
 group broken by a missed deadline or destroyed). This took 8-byte calls from about 1.25 us
@@ -31,11 +32,13 @@ if TYPE_CHECKING:
     from fcoll.group import Group
 
 Fast = Callable[[np.ndarray], "np.ndarray | None"]
-ALL_REDUCE: dict[tuple[Any, np.dtype[Any]], Fast] = {}
-REDUCE_SCATTER: dict[tuple[Any, np.dtype[Any]], Fast] = {}
-ALL_GATHER: dict[np.dtype[Any], Fast] = {}
-ALL_TO_ALL: dict[np.dtype[Any], Fast] = {}
-BROADCAST: dict[tuple[int, np.dtype[Any]], Fast] = {}
+# keys: `key` (the default group's ``(op, dtype)``, ``dtype`` or ``(root, dtype)``, or
+# ``(group, that)`` for a Group passed as such)
+ALL_REDUCE: dict[Any, Fast] = {}
+REDUCE_SCATTER: dict[Any, Fast] = {}
+ALL_GATHER: dict[Any, Fast] = {}
+ALL_TO_ALL: dict[Any, Fast] = {}
+BROADCAST: dict[Any, Fast] = {}
 _TABLES: tuple[dict[Any, Fast], ...] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, BROADCAST)
 INF = float("inf")
 RS = _fingerprint.kind_bits("reduce_scatter_tensor")  # a plan's fingerprint is an all_reduce's
@@ -50,13 +53,30 @@ def reset() -> None:
 _runtime.on_change(reset)  # fcoll.init and broken groups drop every fast path
 
 
+def key(group: Any, base: Any) -> Any:
+    """The table key of a call's fast path: ``base`` (``(op, dtype)``, ``dtype``, ...) for the
+    default group (``group=None``), ``(group, base)`` for a `Group` passed as such, None for a
+    list of ranks (not learned: its lookup would cost more than it saves).
+
+    Example:
+        >>> key(None, ("sum", f4)), key(g, ("sum", f4)), key([0, 1], ("sum", f4))
+        (('sum', dtype('float32')), (Group(...), ('sum', dtype('float32'))), None)
+    """
+    if group is None:
+        return base
+    from fcoll.group import Group
+
+    return (group, base) if type(group) is Group else None
+
+
 def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast], *args: Any) -> None:
     """Leave ``make(g, *args)`` in ``table`` under ``key`` unless one is there or ``g`` is not
     eligible (calls that fall through a fast path, e.g. large broadcasts, do not remake it).
 
     Takes the factory and its arguments rather than a lambda: a lambda would turn the
-    caller's locals into cells, which every call of the public function pays for."""
-    if key not in table and eligible(g):
+    caller's locals into cells, which every call of the public function pays for. A None
+    ``key`` (`key`: a list of ranks) learns nothing."""
+    if key is not None and key not in table and eligible(g):
         table[key] = make(g, *args)
 
 
@@ -65,7 +85,7 @@ def learn_reduction(table: dict[Any, Fast], key: Any, g: Group, plan: Any, share
     """Learn an all_reduce (``scatter``: reduce_scatter_tensor) closure for ``plan`` where one
     serves it: MPI's op reduces x as it is (``plan.direct``), or the compiled core folds it
     (``kernel``, `fcoll.backends.native.kernel`; the segment from ``shared`` bytes)."""
-    if key in table or not eligible(g) or not (plan.direct or kernel is not None):
+    if key is None or key in table or not eligible(g) or not (plan.direct or kernel is not None):
         return
     mpi_op = plan.op if plan.direct else None
     if kernel is None:

@@ -62,6 +62,10 @@ def broadcast(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    elif type(group) is Group and not async_op and type(src) is int and type(x) is np.ndarray:
+        fast = _fast.BROADCAST.get((group, (src, x.dtype)))  # a group's own fast path
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, "broadcast", broadcast, x, src, group=group, async_op=async_op)
     g, call = member(group, "broadcast")
@@ -69,7 +73,7 @@ def broadcast(
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
-        _fast.learn(_fast.BROADCAST, (src, x.dtype), g, _fast.broadcast, backend.BYTE, root,
+        _fast.learn(_fast.BROADCAST, _fast.key(group, (src, x.dtype)), g, _fast.broadcast, backend.BYTE, root,
                     shm_range(g, "broadcast"), x.dtype, native.running())
     if not async_op and (shared := on_node(call, x.nbytes, "broadcast")) is not None:
         fp = fingerprint("broadcast", "", x.dtype, root)
@@ -172,6 +176,11 @@ def all_gather_into_tensor(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    elif type(group) is Group and not async_op and sizes is None and type(gather_dim) is int \
+            and gather_dim == 0 and type(x) is np.ndarray:
+        fast = _fast.ALL_GATHER.get((group, x.dtype))  # a group's own fast path
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     fn = "all_gather_into_tensor"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, fn, all_gather_into_tensor, x, group=group, gather_dim=gather_dim, sizes=sizes,
@@ -184,7 +193,7 @@ def all_gather_into_tensor(
         checked = _checked_sizes(flat, dim, sizes, g, gather_dim)
     if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
         if type(gather_dim) is int:
-            _fast.learn(_fast.ALL_GATHER, x.dtype, g, _fast.all_gather, backend.BYTE,
+            _fast.learn(_fast.ALL_GATHER, _fast.key(group, x.dtype), g, _fast.all_gather, backend.BYTE,
                         shm_range(g, "all_gather"), x.dtype, native.running())
         out = np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
         return allgather(call, x, out)
@@ -279,6 +288,11 @@ def all_to_all_single(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    elif type(group) is Group and not async_op and output_split_sizes is None \
+            and input_split_sizes is None and type(x) is np.ndarray:
+        fast = _fast.ALL_TO_ALL.get((group, x.dtype))  # a group's own fast path
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     fn = "all_to_all_single"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group=group,
@@ -292,7 +306,7 @@ def all_to_all_single(
         if async_op:
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(call, send, out), lambda: out, send)
-        _fast.learn(_fast.ALL_TO_ALL, x.dtype, g, _fast.all_to_all, backend.BYTE)
+        _fast.learn(_fast.ALL_TO_ALL, _fast.key(group, x.dtype), g, _fast.all_to_all, backend.BYTE)
         return backend.alltoall(call, c_order(x), np.empty(x.shape, x.dtype))
     meta = backend.allgather_obj(call, (ins, outs, x.shape[1:], str(x.dtype)))
     problem = split_problem(meta)

@@ -19,7 +19,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast, _fold, nonblocking
 from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
-from fcoll.group import GroupArg, member
+from fcoll.group import Group, GroupArg, member
 from fcoll.ops import Op
 from fcoll.work import Work
 
@@ -59,6 +59,10 @@ def all_reduce(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    elif type(group) is Group and not async_op and type(op) is str and type(x) is np.ndarray:
+        fast = _fast.ALL_REDUCE.get((group, (op, x.dtype)))  # a group's own fast path
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, "all_reduce", all_reduce, x, op, group=group, async_op=async_op)
     g, call = member(group, "all_reduce")
@@ -68,7 +72,7 @@ def all_reduce(
         return nonblocking.all_reduce(call, g, plan, x)
     shared = shm_limit(g)  # the bytes from which on-node shared memory serves
     if x.flags.c_contiguous and type(op) is str:
-        _fast.learn_reduction(_fast.ALL_REDUCE, (op, x.dtype), g, plan, shared,
+        _fast.learn_reduction(_fast.ALL_REDUCE, _fast.key(group, (op, x.dtype)), g, plan, shared,
                               _fold.native_kernel(plan), scatter=False)
     if plan.direct and x.flags.c_contiguous and x.nbytes < shared:  # MPI reduces x as it is
         return backend.allreduce(call, x, plan.op)
@@ -159,6 +163,11 @@ def reduce_scatter_tensor(
         y = fast(x) if fast is not None else None
         if y is not None:
             return y
+    elif type(group) is Group and not async_op and type(op) is str and type(scatter_dim) is int \
+            and scatter_dim == 0 and type(x) is np.ndarray:
+        fast = _fast.REDUCE_SCATTER.get((group, (op, x.dtype)))  # a group's own fast path
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, "reduce_scatter_tensor", reduce_scatter_tensor, x, op, group=group,
                          scatter_dim=scatter_dim, async_op=async_op)
@@ -172,7 +181,7 @@ def reduce_scatter_tensor(
     if not async_op and dim == 0 and x.flags.c_contiguous:  # the common case
         shared = shm_limit(g, "reduce_scatter")  # MPI below this size, shared memory from it
         if type(op) is str and type(scatter_dim) is int:
-            _fast.learn_reduction(_fast.REDUCE_SCATTER, (op, x.dtype), g, plan, shared,
+            _fast.learn_reduction(_fast.REDUCE_SCATTER, _fast.key(group, (op, x.dtype)), g, plan, shared,
                                   _fold.native_kernel(plan), scatter=True)
         if plan.direct and x.nbytes < shared:
             return backend.reduce_scatter_block(call, x, plan.op)

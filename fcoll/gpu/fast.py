@@ -48,12 +48,13 @@ _runtime.on_change(reset)
 
 def learn(table: dict[Any, Fast], key: Any, g: Any, make: Callable[..., Fast], *args: Any) -> None:
     """Leave ``make(g, *args)`` in ``table`` under ``key`` unless one is there or calls on
-    ``g`` (the group the call resolved to) may not take a fast path.
+    ``g`` (the group the call resolved to) may not take a fast path; the tables here serve
+    the default group alone (the world).
 
     Example:
         >>> learn(ALL_REDUCE, ("sum", x.dtype), g, all_reduce, code, op)   # after a full call
     """
-    if key not in table and fast_eligible(g) and g.nccl is not None:
+    if key not in table and g is _runtime._state.world and fast_eligible(g) and g.nccl is not None:
         if not ARRAY:
             ARRAY.append(sys.modules["cupy"].ndarray)
         table[key] = make(g, *args)
