@@ -1,6 +1,7 @@
 """The compiled shared-memory core against raw mpi4py, in rotating batches of one job.
 
-    .venv/bin/python bench/native_core.py [-n 2 4] [--batches 9] [--out DIR] [--no-gloo]
+    .venv/bin/python bench/native_core.py [-n 2 4] [--batches 9] [--sizes 8 1024 ...] [--out DIR]
+                                          [--no-gloo]
 
 For each world size, two jobs: the default (the core steps the segment) and
 ``FCOLL_NATIVE=0`` (fcoll's numpy path). In each, per case, the implementations take turns
@@ -131,15 +132,15 @@ def _iterations(comm: Any, fn: Fn, batch_seconds: float = 0.015) -> int:
     return max(3, min(5000, int(batch_seconds / max(probe, 1e-7))))
 
 
-def _cases(n: int) -> list[tuple[str, str, int]]:
-    cases = [("all_reduce", "float32", s) for s in SIZES]
-    cases += [("all_reduce", "bfloat16", s) for s in SIZES]
+def _cases(n: int, sizes: list[int]) -> list[tuple[str, str, int]]:
+    cases = [("all_reduce", "float32", s) for s in sizes]
+    cases += [("all_reduce", "bfloat16", s) for s in sizes]
     for op in ("reduce_scatter_tensor", "all_gather_into_tensor", "broadcast"):
-        cases += [(op, "float32", s) for s in SIZES if s <= SMALL.get(n, 1 << 20)]
+        cases += [(op, "float32", s) for s in sizes if s <= SMALL.get(n, 1 << 20)]
     return cases
 
 
-def worker(batches: int, gloo: bool) -> None:
+def worker(batches: int, gloo: bool, sizes: list[int]) -> None:
     """One job: every case, every implementation, rows of CSV on rank 0's stdout."""
     import ml_dtypes
 
@@ -152,7 +153,7 @@ def worker(batches: int, gloo: bool) -> None:
         from impls import start_gloo
 
         gloo = start_gloo(comm) is None
-    for op, dtype, size in _cases(n):
+    for op, dtype, size in _cases(n, sizes):
         kind = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
         count = max(n, size // kind.itemsize // n * n)
         x = np.full(count, 0.0 if op == "all_reduce" else rank + 1.0, kind)
@@ -183,7 +184,8 @@ def _launch(n: int, native: bool, args: argparse.Namespace) -> list[list[str]]:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     flags = ["-bind-to", "core"] if n > (os.cpu_count() or 1) else []
     cmd = [str(mpiexec), *flags, "-n", str(n), sys.executable, __file__, "--worker",
-           "--batches", str(args.batches)] + ([] if args.gloo else ["--no-gloo"])
+           "--batches", str(args.batches), "--sizes", *map(str, args.sizes)] + (
+               [] if args.gloo else ["--no-gloo"])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode:
         sys.exit(f"bench/native_core.py: the job at n={n} failed:\n{done.stdout}\n{done.stderr}")
@@ -196,10 +198,11 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=9)
     p.add_argument("--out", type=Path, default=HERE / "results" / str(datetime.date.today()))
     p.add_argument("--no-gloo", dest="gloo", action="store_false")
+    p.add_argument("--sizes", nargs="+", type=int, default=SIZES, help="bytes per rank")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.batches, args.gloo)
+        worker(args.batches, args.gloo, args.sizes)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[list[str]] = []

@@ -113,3 +113,17 @@ def test_issue_17_targets_are_judged_where_they_apply():
     assert [ok for ok, _ in shm_checks(2, "all_reduce", 4 << 20, 0.9)] == [True]
     assert shm_checks(2, "all_reduce", 16 << 10, 0.5) == []  # below the targets' sizes
     assert shm_checks(4, "all_reduce", 1 << 20, 0.5) == shm_checks(2, "broadcast", 1 << 20, 0.5) == []
+
+
+def test_native_core_bench_writes_its_table_csv_and_plot(tmp_path):
+    """bench/native_core.py end to end on two sizes: both engines' jobs, the target lines,
+    the CSV and the latency plot."""
+    cmd = [sys.executable, str(ROOT / "bench" / "native_core.py"), "-n", "2", "--sizes", "8", "1024",
+           "--batches", "2", "--no-gloo", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=environment())
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = (tmp_path / "native.csv").read_text().splitlines()
+    engines = {line.split(",")[0] for line in rows[1:]}
+    assert engines == {"native", "numpy"} or (engines == {"numpy"} and "_shmcore" not in done.stdout)
+    assert "| n=2 all_reduce 8 B, call/raw |" in done.stdout
+    assert (tmp_path / "native_latency_n2.png").stat().st_size > 1000
