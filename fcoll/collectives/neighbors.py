@@ -1,0 +1,137 @@
+"""Neighbours: `sendrecv` (MPI's ``Sendrecv``) and `halo_exchange` over a `fcoll.Mesh`.
+
+`sendrecv` uses `fcoll.p2p`'s messages (a header with the shape and dtype, the data inside
+it up to ``INLINE_LIMIT`` bytes, else in a second message), so it pairs with `fcoll.send`
+and `fcoll.recv` on the same tag. Without a deadline a small message is one
+``MPI_Sendrecv`` into a buffer that holds any inline message.
+
+`halo_exchange` moves, along each mesh axis in turn, this rank's edge cells into its
+neighbours' ghost cells: the rows of a C-ordered block straight from the result array, other
+slices as MPI subarray datatypes of it (`_halo`), so nothing is packed by fcoll and the
+caller copies nothing. Dims go one after another, each from the array the previous ones
+filled, so corners arrive too. Its ranks must form a grid: along an axis, neighbours'
+faces have the same shape (checked: a face of another size raises `ValueError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fcoll import _debug
+from fcoll._dispatch import device
+from fcoll._halo_axes import axes
+from fcoll._header import INLINE, MAX_BYTES, SEPARATE, header, inline, parse
+from fcoll._validate import check_array, check_rank
+from fcoll.collectives import _halo
+from fcoll.collectives._common import c_order
+from fcoll.gpu import route
+from fcoll.group import GroupArg, member
+from fcoll.mesh import Mesh
+from fcoll.p2p import BYTE, INLINE_LIMIT, MPI, _tag
+from fcoll.work import Call, wait_request, wait_requests
+
+_RECEIVE = INLINE_LIMIT + MAX_BYTES  # any inline message fits
+
+
+def _peer(peer: object, size: int, fn: str, name: str) -> int:
+    """A group rank, or ``MPI.PROC_NULL`` for None."""
+    return MPI.PROC_NULL if peer is None else check_rank(peer, size, fn, name)
+
+
+def sendrecv(x: np.ndarray | None, dst: int | None, src: int | None, group: GroupArg = None, *,
+             tag: int = 0) -> Any:
+    """Send ``x`` to group rank ``dst`` and return the array received from group rank ``src``
+    (its shape and dtype travel with it), as ``MPI_Sendrecv``; ``x`` is not modified.
+
+    ``dst=None`` sends nothing and ``src=None`` receives nothing and returns ``None``
+    (``MPI.PROC_NULL``); either may be this rank. The messages are `fcoll.send`'s, so a
+    `sendrecv` pairs with `send`/`recv` on the same ``tag``. Pass ``x`` (an array of the
+    call's type) even with ``dst=None``: cupy arrays go over NCCL when it serves the group.
+
+    Example:
+        >>> r, n = fc.get_rank(), fc.get_world_size()         # a ring of 4 ranks
+        >>> fc.sendrecv(np.array([r]), dst=(r + 1) % n, src=(r - 1) % n)
+        array([3])                                            # on rank 0
+    """
+    fn = "sendrecv"
+    if x is not None and type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, fn, sendrecv, x, dst, src, group=group, tag=tag)
+    g, call = member(group, fn)
+    to, source = _peer(dst, g.size, fn, "dst"), _peer(src, g.size, fn, "src")
+    tag = _tag(tag, fn)
+    if dst is not None or x is not None:
+        x = check_array(x, fn)
+    if _debug.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
+        _debug.log.info("rank %s: sendrecv dst=%s src=%s x=%s", g.rank, dst, src, _debug.describe(x))
+    return _sendrecv(call, x if dst is not None else None, to, source, 2 * tag)
+
+
+def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) -> Any:
+    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.p2p`)."""
+    comm = call.begin()
+    small = x is None or x.nbytes <= INLINE_LIMIT
+    sent = b"" if x is None else header(x, INLINE) + x.tobytes() if small else header(x, SEPARATE)
+    data = [] if small else [comm.Isend([c_order(x), BYTE], to, tag + 1)]  # type: ignore[arg-type]
+    buf = np.empty(_RECEIVE if source != MPI.PROC_NULL else 0, np.uint8)
+    if call.seconds is None:
+        comm.Sendrecv([sent, BYTE], to, tag, [buf, BYTE], source, tag)
+    else:
+        requests = [comm.Irecv([buf, BYTE], source, tag), comm.Isend([sent, BYTE], to, tag)]
+        wait_requests(requests, call)
+    out = None
+    if source != MPI.PROC_NULL:
+        kind, dtype, shape, offset = parse(buf)
+        if kind & SEPARATE:
+            out = np.empty(shape, dtype)
+            received = comm.Irecv([out, BYTE], source, tag + 1)
+            if call.seconds is None:
+                received.Wait()
+            else:
+                wait_request(received, call)
+        else:
+            out = inline(buf, dtype, shape, offset)
+    if data:
+        wait_requests(data, call)
+    call.end()
+    return out
+
+
+def halo_exchange(x: np.ndarray, mesh: Mesh, width: int | Sequence[int], *,
+                  dims: Sequence[int] | None = None, periodic: bool | Sequence[bool] = False
+                  ) -> np.ndarray:
+    """Fill the ghost cells of this rank's block ``x`` of a grid split over ``mesh`` with the
+    neighbours' edge cells; returns a new array, ``x`` is not modified.
+
+    Mesh axis k splits array dim ``dims[k]`` (default: dim k); along it ``x`` holds ``width``
+    ghost cells on each side. The low ghosts get the lower neighbour's last ``width`` cells
+    inside its ghosts, the high ghosts the upper neighbour's first ones; at an edge with
+    ``periodic=False`` they keep ``x``'s values. Dims are exchanged one after another, so
+    corners are filled. ``width`` and ``periodic`` may be one per mesh axis. Every rank of
+    the mesh calls it; each split dim needs ``x.shape[d] >= 3 * width``.
+
+    Example:
+        >>> mesh = fc.Mesh((4,), ("x",))                    # 4 ranks, 1-D grid
+        >>> x = np.array([0, r, r, 0.0])                     # 1 ghost on each side
+        >>> fc.halo_exchange(x, mesh, 1)                     # on rank 1
+        array([0., 1., 1., 2.])
+        >>> fc.halo_exchange(x, mesh, 1, periodic=True)      # on rank 0
+        array([3., 0., 0., 1.])
+    """
+    fn = "halo_exchange"
+    if type(x) is not np.ndarray and (on := device(x)) is not None:
+        return route.run(on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
+    g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)
+    with _debug.checked(g, call, fn, dtype=str(getattr(x, "dtype", None)),
+                        ndim=getattr(x, "ndim", None), width=width, dims=dims, periodic=periodic):
+        split = axes(x, mesh, width, dims, periodic)
+    y = np.array(x, order="C", copy=True)
+    for name, d, w, wrap in split:
+        src, dst = mesh.shift(name, 1, periodic=wrap)
+        if w and (src is not None or dst is not None):
+            _, axis_call = member(mesh.group(name), fn)
+            _halo.exchange(axis_call, y, d, w, src, dst)
+    return y
