@@ -5,15 +5,19 @@ whether it wraps around; `TypeError`/`ValueError` naming the argument before any
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from fcoll import _runtime
 from fcoll._dispatch import is_cupy
 from fcoll._validate import check_array
+from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype
 from fcoll.mesh import Mesh
+from fcoll.work import Call, CollectiveMismatchError
 
 
 def _per_axis(value: object, n: int, fn: str, name: str) -> list[Any]:
@@ -83,3 +87,32 @@ def axes(x: Any, mesh: object, width: object, dims: object, periodic: object,
             raise ValueError(f"{fn}: expected x.shape[{d}] >= 3 * width = {3 * w} (ghost cells "
                              f"on both sides and as many cells inside), got shape {x.shape}")
     return list(zip(mesh.names, chosen, widths, wraps, strict=True))
+
+
+def check_faces(call: Call, x: Any, mesh: Mesh, split: list[tuple[str, int, int, bool]]) -> None:
+    """Under ``debug="detail"``: every rank's faces against its neighbours' along each axis
+    (the blocks must form a grid), from one all-gather over the mesh, so every rank finds
+    the same problem and raises `fcoll.CollectiveMismatchError` alike, before any data moves."""
+    if _runtime._state.debug != "detail":
+        return
+    mine = [(tuple(s for i, s in enumerate(x.shape) if i != d), str(x.dtype)) for _, d, _, _ in split]
+    faces = host.allgather_obj(call, mine)
+    for p, q, k in _neighbours(mesh.shape, [wrap for *_, wrap in split]):
+        if faces[p][k] != faces[q][k]:
+            name, d = split[k][0], split[k][1]
+            raise CollectiveMismatchError(
+                f"halo_exchange: expected blocks that form a grid (neighbours along a mesh axis "
+                f"hold faces of one shape and dtype), got along axis {name!r} (dim {d}) faces "
+                f"{faces[p][k]} on mesh rank {p} and {faces[q][k]} on its neighbour, mesh rank "
+                f"{q} (debug='detail'); nothing was sent")
+
+
+def _neighbours(shape: tuple[int, ...], wraps: list[bool]) -> Iterator[tuple[int, int, int]]:
+    """``(rank, its upper neighbour, axis)`` for every pair of neighbours on a mesh of ``shape``."""
+    for p in range(math.prod(shape)):
+        coord = np.unravel_index(p, shape)
+        for k, size in enumerate(shape):
+            up = list(coord)
+            up[k] = (up[k] + 1) % size if wraps[k] else up[k] + 1
+            if up[k] < size and int(np.ravel_multi_index(up, shape)) != p:
+                yield p, int(np.ravel_multi_index(up, shape)), k

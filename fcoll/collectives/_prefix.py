@@ -57,11 +57,19 @@ def running(rows: np.ndarray, ufunc: np.ufunc, upto: int, total: bool) -> Pair:
     return prefix, acc if total else None
 
 
+def segment(call: Call, plan: ReductionPlan, nbytes: int) -> native.Kernel | None:
+    """The core's fold where this call goes through the group's segment, else None (MPI).
+    Collective at the group's first call that could use the segment (`on_node`)."""
+    kernel = native_kernel(plan)
+    if kernel is not None and on_node(call, nbytes) is not None and call.group.shm.core:
+        return kernel
+    return None
+
+
 def run(call: Call, plan: ReductionPlan, x: np.ndarray, exclusive: bool, total: bool) -> Pair:
     """This rank's prefix (None on rank 0 of an exclusive scan) and, with ``total``, the
     reduction over every rank: finished arrays of ``x``'s shape and dtype."""
-    kernel = native_kernel(plan)
-    if kernel is not None and on_node(call, x.nbytes) is not None and call.group.shm.core:
+    if (kernel := segment(call, plan, x.nbytes)) is not None:
         return _segment(call, plan, x, kernel, exclusive, total)
     me = call.group.rank
     wire = plan.wire(x)

@@ -23,7 +23,7 @@ import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import device
-from fcoll._halo_axes import axes
+from fcoll._halo_axes import axes, check_faces
 from fcoll._header import INLINE, MAX_BYTES, SEPARATE, header, inline, parse
 from fcoll._validate import check_array, check_rank
 from fcoll.collectives import _halo
@@ -71,8 +71,10 @@ def sendrecv(x: np.ndarray | None, dst: int | None, src: int | None, group: Grou
 
 
 def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) -> Any:
-    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.p2p`)."""
-    comm = call.begin()
+    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.p2p`). Not
+    counted in the group's call numbers, as `fcoll.send` and `fcoll.recv` are not: only
+    some ranks make it."""
+    comm = call.comm
     small = x is None or x.nbytes <= INLINE_LIMIT
     sent = b"" if x is None else header(x, INLINE) + x.tobytes() if small else header(x, SEPARATE)
     data = [] if small else [comm.Isend([c_order(x), BYTE], to, tag + 1)]  # type: ignore[arg-type]
@@ -96,7 +98,6 @@ def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) 
             out = inline(buf, dtype, shape, offset)
     if data:
         wait_requests(data, call)
-    call.end()
     return out
 
 
@@ -128,6 +129,7 @@ def halo_exchange(x: np.ndarray, mesh: Mesh, width: int | Sequence[int], *,
     with _debug.checked(g, call, fn, dtype=str(getattr(x, "dtype", None)),
                         ndim=getattr(x, "ndim", None), width=width, dims=dims, periodic=periodic):
         split = axes(x, mesh, width, dims, periodic)
+    check_faces(call, x, mesh, split)
     y = np.array(x, order="C", copy=True)
     for name, d, w, wrap in split:
         src, dst = mesh.shift(name, 1, periodic=wrap)

@@ -16,7 +16,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import device
 from fcoll._plan import ReductionPlan, reduction_plan
-from fcoll.collectives import _prefix
+from fcoll.collectives import _prefix, _scan_fast
 from fcoll.dtypes import identity
 from fcoll.gpu import route
 from fcoll.group import Group, GroupArg, member
@@ -55,7 +55,10 @@ def _prefix_call(fn: str, x: np.ndarray, op: Op, group: GroupArg, with_total: bo
 
     if async_op:
         return _prefix.start(call, g, plan, x, exclusive, with_total, done)
-    return done(*_prefix.run(call, plan, x, exclusive, with_total))
+    result = done(*_prefix.run(call, plan, x, exclusive, with_total))
+    if group is None and not with_total and type(op) is str and x.flags.c_contiguous:
+        _scan_fast.learn(fn, op, g, plan, empty, _prefix.segment(call, plan, x.nbytes) is not None)
+    return result
 
 
 @overload
@@ -90,6 +93,10 @@ def scan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: b
         >>> fc.scan(np.array([r + 1]), with_total=True)  # on rank 1
         (array([3]), array([10]))
     """
+    if group is None and not with_total and not async_op and type(op) is str:
+        fast = _scan_fast.SCAN.get(("scan", op, x.dtype)) if type(x) is np.ndarray else None
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, "scan", scan, x, op, group=group, with_total=with_total,
                          async_op=async_op)
@@ -134,6 +141,10 @@ def exscan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total:
         >>> offset, size              # rank 2, ranks holding 10, 20, 5 bytes
         (array(30), array(35))        # rank 0 gets (array(0), array(35))
     """
+    if group is None and not with_total and not async_op and type(op) is str:
+        fast = _scan_fast.SCAN.get(("exscan", op, x.dtype)) if type(x) is np.ndarray else None
+        if fast is not None and (y := fast(x)) is not None:
+            return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, "exscan", exscan, x, op, group=group, with_total=with_total,
                          async_op=async_op)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug
-from fcoll._halo_axes import axes
+from fcoll._halo_axes import axes, check_faces
 from fcoll._header import INLINE, MAX_BYTES, header, parse
 from fcoll._runtime import mpi
 from fcoll._validate import check_rank
@@ -38,7 +38,7 @@ def _header_tag() -> int:
 
 def _shape_of(call: Call, x: Any, dst: int | None, src: int | None) -> Any:
     """``src``'s header (what it will send over NCCL), after sending ours to ``dst``."""
-    comm, tag = call.begin(), _header_tag()
+    comm, tag = call.comm, _header_tag()  # not counted: point-to-point, as fcoll.send
     buf = np.empty(MAX_BYTES, np.uint8)
     requests = [] if src is None else [comm.Irecv([buf, host.BYTE], src, tag)]
     if dst is not None:
@@ -60,7 +60,7 @@ def sendrecv(backend: Backend, x: Any, dst: int | None, src: int | None, group: 
         out = None if got is None else cp().empty(got[2], got[1])
         sends = [] if to is None else [(as_bytes(x), to)]
         recvs = [] if out is None or source is None else [(out.reshape(-1).view(np.uint8), source)]
-        nccl.exchange(nccl.communicator_for(call, x), sends, recvs)
+        nccl.exchange(nccl.communicator(call.group, int(x.device.id), call.fn), sends, recvs)
     return out
 
 
@@ -78,6 +78,7 @@ def halo_exchange(backend: Backend, x: Any, mesh: Any, width: int | Sequence[int
     with _debug.checked(g, call, fn, dtype=str(x.dtype), ndim=x.ndim, width=width, dims=dims,
                         periodic=periodic):
         split = axes(x, mesh, width, dims, periodic)
+    check_faces(call, x, mesh, split)
     with x.device:
         y = cp().array(x, order="C", copy=True)
         for name, d, w, wrap in split:
