@@ -43,6 +43,7 @@ class Mesh:
     def __init__(self, shape: Sequence[int], names: Sequence[str], group: Any = None) -> None:
         self.parent = resolve_group(group, "Mesh")
         self.shape, self.names = _check_shape(shape, names, self.parent.size)
+        self._coordinate = tuple(int(c) for c in np.unravel_index(self.parent.rank, self.shape))
         self._groups: dict[tuple[str, ...], Group] = {}
         for name in self.names:
             self.group(name)
@@ -65,7 +66,7 @@ class Mesh:
             >>> mesh.coordinate()                      # on rank 4 (rank 0 gets (0, 0))
             (1, 1)
         """
-        return tuple(int(c) for c in np.unravel_index(self.parent.rank, self.shape))
+        return self._coordinate
 
     def _axes(self, names: str | Sequence[str]) -> tuple[str, ...]:
         wanted = (names,) if isinstance(names, str) else tuple(names)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug
+from fcoll import _debug, _runtime
 from fcoll._dispatch import device
 from fcoll._halo_axes import axes, check_faces
 from fcoll._header import INLINE, MAX_BYTES, SEPARATE, header, inline, parse
@@ -29,7 +29,7 @@ from fcoll._validate import check_array, check_rank
 from fcoll.collectives import _halo
 from fcoll.collectives._common import c_order
 from fcoll.gpu import route
-from fcoll.group import GroupArg, member
+from fcoll.group import Group, GroupArg, member
 from fcoll.mesh import Mesh
 from fcoll.p2p import BYTE, INLINE_LIMIT, MPI, _tag
 from fcoll.work import Call, wait_request, wait_requests
@@ -125,15 +125,52 @@ def halo_exchange(x: np.ndarray, mesh: Mesh, width: int | Sequence[int], *,
     fn = "halo_exchange"
     if type(x) is not np.ndarray and (on := device(x)) is not None:
         return route.run(on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
+    key = _key(x, mesh, width, dims, periodic) if type(x) is np.ndarray else None
+    steps = None if key is None or _runtime._state.checking else _STEPS.get(key)
+    if steps is None:
+        steps = _steps(x, mesh, width, dims, periodic)
+        if key is not None:
+            if len(_STEPS) >= KEPT:
+                _STEPS.clear()
+            _STEPS[key] = steps
+    y = np.array(x, order="C", copy=True)
+    for group, d, w, src, dst in steps:
+        _halo.exchange(member(group, fn)[1], y, d, w, src, dst)
+    return y
+
+
+Step = tuple[Group, int, int, "int | None", "int | None"]  # axis group, dim, width, src, dst
+KEPT = 64
+_STEPS: dict[tuple[Any, ...], list[Step]] = {}  # a call's steps, by its arguments
+_runtime.on_change(_STEPS.clear)
+
+
+def _key(x: np.ndarray, mesh: Mesh, width: object, dims: object, periodic: object
+         ) -> tuple[Any, ...] | None:
+    """What a call's steps depend on, or None where an argument is not a plain value."""
+    parts = [width, dims, periodic]
+    for i, value in enumerate(parts):
+        if isinstance(value, list):
+            parts[i] = tuple(value)
+    key = (mesh, x.shape, x.dtype, *(type(v) for v in parts), *parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key if isinstance(mesh, Mesh) else None
+
+
+def _steps(x: np.ndarray, mesh: Mesh, width: object, dims: object, periodic: object) -> list[Step]:
+    """The checked call's exchanges, one per mesh axis that has a neighbour and a width."""
+    fn = "halo_exchange"
     g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)
     with _debug.checked(g, call, fn, dtype=str(getattr(x, "dtype", None)),
                         ndim=getattr(x, "ndim", None), width=width, dims=dims, periodic=periodic):
         split = axes(x, mesh, width, dims, periodic)
     check_faces(call, x, mesh, split)
-    y = np.array(x, order="C", copy=True)
+    steps: list[Step] = []
     for name, d, w, wrap in split:
         src, dst = mesh.shift(name, 1, periodic=wrap)
         if w and (src is not None or dst is not None):
-            _, axis_call = member(mesh.group(name), fn)
-            _halo.exchange(axis_call, y, d, w, src, dst)
-    return y
+            steps.append((mesh.group(name), d, w, src, dst))
+    return steps
