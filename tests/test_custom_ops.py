@@ -174,7 +174,8 @@ def test_located_signed_zero_and_seed(group):
 
 def test_located_refuses_complex_and_non_arrays():
     for fn in (fc.maxloc, fc.minloc):
-        with pytest.raises(ValueError, match=rf"^{fn.__name__}: expected op sum, avg or premul_sum for complex64"):
+        expected = "expected op sum, avg or premul_sum for complex64"
+        with pytest.raises(ValueError, match=rf"^{fn.__name__}: {expected}"):
             fn(np.ones(2, np.complex64))
         with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected x to be a numpy.ndarray"):
             fn([1.0])

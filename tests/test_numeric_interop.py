@@ -5,7 +5,6 @@ input's array type, at any world size."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import fcoll as fc
 from tests.helpers import data

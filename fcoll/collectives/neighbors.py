@@ -39,6 +39,8 @@ _RECEIVE = INLINE_LIMIT + MAX_BYTES  # any inline message fits
 
 def _peer(peer: object, size: int, fn: str, name: str) -> int:
     """A group rank, or ``MPI.PROC_NULL`` for None."""
+    if type(peer) is int and 0 <= peer < size:  # the common case, checked in one line
+        return peer
     return MPI.PROC_NULL if peer is None else check_rank(peer, size, fn, name)
 
 
@@ -62,7 +64,7 @@ def sendrecv(x: np.ndarray | None, dst: int | None, src: int | None, group: Grou
         return route.run(on, fn, sendrecv, x, dst, src, group=group, tag=tag)
     g, call = member(group, fn)
     to, source = _peer(dst, g.size, fn, "dst"), _peer(src, g.size, fn, "src")
-    tag = _tag(tag, fn)
+    tag = tag if type(tag) is int and 0 <= tag < 1024 else _tag(tag, fn)
     if dst is not None or x is not None:
         x = check_array(x, fn)
     if _debug.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
