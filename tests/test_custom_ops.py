@@ -15,7 +15,7 @@ import pytest
 import fcoll as fc
 from fcoll import _runtime
 from fcoll.backends import shm
-from tests.helpers import BF16, data, same_bits, wire
+from tests.helpers import BF16, data, layout_inputs, same_bits, wire
 
 UFUNCS = [np.logaddexp, np.hypot, np.subtract, np.arctan2, np.fmin, np.copysign]
 
@@ -152,11 +152,8 @@ def test_located_values_and_lowest_ranks(group, fn, dtype):
 
 @pytest.mark.parametrize("layout", ["0d", "empty", "strided", "fortran"])
 def test_located_layouts(group, layout):
-    base = [data(r, (4, 6), np.float32, salt=4) for r in group.members]
-    view = {"0d": lambda a: a[1, 2][()], "empty": lambda a: a[:0, :],
-            "strided": lambda a: a[::2, ::3], "fortran": np.asfortranarray}[layout]
-    inputs = [np.asarray(view(b)) for b in base]
-    values, ranks = fc.maxloc(inputs[group.rank], group.arg)
+    inputs, x = layout_inputs(group.members, group.rank, layout, np.float32)
+    values, ranks = fc.maxloc(x, group.arg)
     assert values.shape == ranks.shape == inputs[0].shape and ranks.dtype == np.int64
     expected_values, expected_ranks = _located_reference(inputs, "max")
     assert same_bits(values, expected_values) and same_bits(ranks, expected_ranks)

@@ -4,34 +4,22 @@ each runs as a script under the launcher (world size 1 pass)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 import fcoll as fc
 from tests import jobs
+from tests.helpers import load_example
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _example(name: str) -> ModuleType:
-    key = f"_fcoll_example_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 @pytest.mark.parametrize("size", [24, 37])
 def test_poisson_matches_scipy(size):
     pytest.importorskip("scipy")
-    ex = _example("poisson")
+    ex = load_example("poisson")
     u, where, iterations, _ = ex.solve(size, rtol=1e-12)
     assert 0 < iterations < 10 * size
     # CG stops at a relative residual of 1e-12; the error is at most cond(A) (~0.4 N^2) times it
@@ -40,7 +28,7 @@ def test_poisson_matches_scipy(size):
 
 @pytest.mark.parametrize("rows,cols", [(24, 36), (13, 7), (5, 9)])
 def test_fft2_matches_numpy(rows, cols):
-    ex = _example("fft2")
+    ex = load_example("fft2")
     _, err = ex.run(rows, cols)
     assert err < 1e-13
 

@@ -18,7 +18,16 @@ import fcoll as fc
 from fcoll import _runtime
 from fcoll.backends import shm
 from fcoll.collectives import _fold
-from tests.helpers import ALL_DTYPES, BF16, data, reduce_error, reference, same_bits, wire
+from tests.helpers import (
+    ALL_DTYPES,
+    BF16,
+    data,
+    layout_inputs,
+    reduce_error,
+    reference,
+    same_bits,
+    wire,
+)
 
 OPS = ["sum", "product", "min", "max", "band", "bor", "bxor"]
 IDENTITY = {"sum": 0, "product": 1, "bor": 0, "bxor": 0}
@@ -123,14 +132,7 @@ def test_seed_values(group):
 @pytest.mark.parametrize("layout", ["0d", "empty", "strided", "fortran", "readonly"])
 @pytest.mark.parametrize("dtype", [np.float32, BF16, np.bool_, np.int16], ids=str)
 def test_layouts(group, layout, dtype):
-    base = [data(r, (4, 6), dtype, salt=4) for r in group.members]
-    view = {"0d": lambda a: a[1, 2][()], "empty": lambda a: a[:0, :],
-            "strided": lambda a: a[::2, ::3], "fortran": np.asfortranarray,
-            "readonly": lambda a: a}[layout]
-    inputs = [np.asarray(view(b)) for b in base]
-    x = inputs[group.rank]
-    if layout == "readonly":
-        x.flags.writeable = False
+    inputs, x = layout_inputs(group.members, group.rank, layout, dtype)
     for op in ("sum", "max"):
         y = fc.scan(x, op, group.arg)
         assert isinstance(y, np.ndarray) and y.shape == x.shape and y.flags.writeable

@@ -9,6 +9,7 @@ premul_sum, which are not prefix ops (`ValueError`); a binary numpy ufunc works 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -34,6 +35,21 @@ def _plan(x: np.ndarray, op: object, g: Group, fn: str) -> ReductionPlan:
                          f"a binary ufunc), got {resolved!r}: avg and premul_sum are not prefix "
                          "ops; scan with sum and scale the result")
     return reduction_plan(x, op, g, fn)
+
+
+def _entry(public: Callable[..., Any], x: np.ndarray, op: Op, group: GroupArg, with_total: bool,
+           async_op: bool) -> Any:
+    """`scan` or `exscan` (``public``): the default group's fast path, the device arrays'
+    route, or the numpy call."""
+    fn = public.__name__
+    if group is None and not with_total and not async_op and type(op) is str:
+        fast = _scan_fast.SCAN.get((fn, op, x.dtype)) if type(x) is np.ndarray else None
+        if fast is not None and (y := fast(x)) is not None:
+            return y
+    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
+        return route.run(on, fn, public, x, op, group=group, with_total=with_total,
+                         async_op=async_op)
+    return _prefix_call(fn, x, op, group, with_total, async_op)
 
 
 def _prefix_call(fn: str, x: np.ndarray, op: Op, group: GroupArg, with_total: bool,
@@ -93,14 +109,7 @@ def scan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: b
         >>> fc.scan(np.array([r + 1]), with_total=True)  # on rank 1
         (array([3]), array([10]))
     """
-    if group is None and not with_total and not async_op and type(op) is str:
-        fast = _scan_fast.SCAN.get(("scan", op, x.dtype)) if type(x) is np.ndarray else None
-        if fast is not None and (y := fast(x)) is not None:
-            return y
-    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "scan", scan, x, op, group=group, with_total=with_total,
-                         async_op=async_op)
-    return _prefix_call("scan", x, op, group, with_total, async_op)
+    return _entry(scan, x, op, group, with_total, async_op)
 
 
 @overload
@@ -129,23 +138,11 @@ def exscan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total:
     ``identity``), or ``None`` for a ufunc without one. ``with_total=True`` returns
     ``(prefix, total)`` in one call: the offsets of a parallel write and the file's size.
 
-    Args:
-        x: this rank's array (same shape and dtype on every rank).
-        op: a `ReduceOp` or its name (not avg, premul_sum), or a binary numpy ufunc.
-        group: `Group`, list of global ranks, or ``None`` for the whole job.
-        with_total: also return the reduction over every rank: ``(prefix, total)``.
-        async_op: return a `Work` at once (``wait()`` gives the result).
+    Its arguments are `scan`'s.
 
     Example:
         >>> offset, size = fc.exscan(np.array(nbytes), with_total=True)   # 3 ranks
         >>> offset, size              # rank 2, ranks holding 10, 20, 5 bytes
         (array(30), array(35))        # rank 0 gets (array(0), array(35))
     """
-    if group is None and not with_total and not async_op and type(op) is str:
-        fast = _scan_fast.SCAN.get(("exscan", op, x.dtype)) if type(x) is np.ndarray else None
-        if fast is not None and (y := fast(x)) is not None:
-            return y
-    if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "exscan", exscan, x, op, group=group, with_total=with_total,
-                         async_op=async_op)
-    return _prefix_call("exscan", x, op, group, with_total, async_op)
+    return _entry(exscan, x, op, group, with_total, async_op)
