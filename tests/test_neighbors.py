@@ -71,9 +71,14 @@ def test_sendrecv_pairs_with_send_and_recv(group):
         if r == 0:
             fc.send(np.arange(size), 1, group.arg, tag=3)
             assert same_bits(fc.recv(1, group.arg, tag=3), np.arange(size) * 2)
+            work = fc.isend(np.arange(size) + 1, 1, group.arg, tag=4)  # isend: inline, any size
+            assert same_bits(fc.recv(1, group.arg, tag=4), np.arange(size) - 1)
+            work.wait()
         elif r == 1:
             assert same_bits(fc.sendrecv(np.arange(size) * 2, 0, 0, group.arg, tag=3),
                              np.arange(size))
+            assert same_bits(fc.sendrecv(np.arange(size) - 1, 0, 0, group.arg, tag=4),
+                             np.arange(size) + 1)
 
 
 def test_sendrecv_errors(group):

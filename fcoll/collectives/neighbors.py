@@ -1,9 +1,9 @@
 """Neighbours: `sendrecv` (MPI's ``Sendrecv``) and `halo_exchange` over a `fcoll.Mesh`.
 
 `sendrecv` uses `fcoll.p2p`'s messages (a header with the shape and dtype, the data inside
-it up to ``INLINE_LIMIT`` bytes, else in a second message), so it pairs with `fcoll.send`
-and `fcoll.recv` on the same tag. Without a deadline a small message is one
-``MPI_Sendrecv`` into a buffer that holds any inline message.
+it up to ``INLINE_LIMIT`` bytes, else in a second message), so it pairs with `fcoll.send`,
+`fcoll.isend` and `fcoll.recv` on the same tag: its sends start at once, its receive probes
+for the header and takes a message of any size.
 
 `halo_exchange` moves, along each mesh axis in turn, this rank's edge cells into its
 neighbours' ghost cells: the rows of a C-ordered block straight from the result array, other
@@ -24,17 +24,15 @@ import numpy as np
 from fcoll import _debug, _runtime
 from fcoll._dispatch import device
 from fcoll._halo_axes import axes, check_faces
-from fcoll._header import INLINE, MAX_BYTES, SEPARATE, header, inline, parse
+from fcoll._header import INLINE, SEPARATE, header, inline, parse
 from fcoll._validate import check_array, check_rank
 from fcoll.collectives import _halo
 from fcoll.collectives._common import c_order
 from fcoll.gpu import route
 from fcoll.group import Group, GroupArg, member
 from fcoll.mesh import Mesh
-from fcoll.p2p import BYTE, INLINE_LIMIT, MPI, _tag
-from fcoll.work import Call, wait_request, wait_requests
-
-_RECEIVE = INLINE_LIMIT + MAX_BYTES  # any inline message fits
+from fcoll.p2p import BYTE, INLINE_LIMIT, MPI, _probe_message, _tag
+from fcoll.work import Call, wait_requests
 
 
 def _peer(peer: object, size: int, fn: str, name: str) -> int:
@@ -73,33 +71,31 @@ def sendrecv(x: np.ndarray | None, dst: int | None, src: int | None, group: Grou
 
 
 def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) -> Any:
-    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.p2p`). Not
-    counted in the group's call numbers, as `fcoll.send` and `fcoll.recv` are not: only
-    some ranks make it."""
-    comm = call.comm
-    small = x is None or x.nbytes <= INLINE_LIMIT
-    sent = b"" if x is None else header(x, INLINE) + x.tobytes() if small else header(x, SEPARATE)
-    data = [] if small else [comm.Isend([c_order(x), BYTE], to, tag + 1)]  # type: ignore[arg-type]
-    buf = np.empty(_RECEIVE if source != MPI.PROC_NULL else 0, np.uint8)
-    if call.seconds is None:
-        comm.Sendrecv([sent, BYTE], to, tag, [buf, BYTE], source, tag)
-    else:
-        requests = [comm.Irecv([buf, BYTE], source, tag), comm.Isend([sent, BYTE], to, tag)]
-        wait_requests(requests, call)
+    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.p2p`): the
+    sends start, then the receive probes for the header (any size: `fcoll.isend` sends
+    large arrays inline too), as `fcoll.recv` does. Not counted in the group's call
+    numbers, as `fcoll.send` and `fcoll.recv` are not: only some ranks make it."""
+    comm, sends = call.comm, []
+    if x is not None:
+        if x.nbytes <= INLINE_LIMIT:
+            sends.append(comm.Isend([header(x, INLINE) + x.tobytes(), BYTE], to, tag))
+        else:
+            sends.append(comm.Isend([header(x, SEPARATE), BYTE], to, tag))
+            sends.append(comm.Isend([c_order(x), BYTE], to, tag + 1))
     out = None
     if source != MPI.PROC_NULL:
+        status = MPI.Status()
+        message = _probe_message(call, source, tag, status)
+        buf = np.empty(status.Get_count(BYTE), np.uint8)
+        message.Recv([buf, BYTE])
         kind, dtype, shape, offset = parse(buf)
         if kind & SEPARATE:
             out = np.empty(shape, dtype)
-            received = comm.Irecv([out, BYTE], source, tag + 1)
-            if call.seconds is None:
-                received.Wait()
-            else:
-                wait_request(received, call)
+            _probe_message(call, source, tag + 1, status).Recv([out, BYTE])
         else:
             out = inline(buf, dtype, shape, offset)
-    if data:
-        wait_requests(data, call)
+    if sends:
+        wait_requests(sends, call)
     return out
 
 
