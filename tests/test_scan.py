@@ -266,3 +266,26 @@ def test_deadline(fn, world_size):
     finally:
         fc.init(timeout=float("inf"))
     _ = world_size
+
+
+def test_non_members_and_detail(world_size, rank):
+    """A group this rank is not in raises ValueError; under debug="detail" ranks that pass
+    another op (or with_total) raise CollectiveMismatchError on every rank, nothing sent."""
+    g = fc.new_group([0])
+    if rank == 0:
+        assert fc.exscan(np.ones(2), group=g).tolist() == [0.0, 0.0]
+    else:
+        with pytest.raises(ValueError, match="does not contain global rank"):
+            fc.scan(np.ones(2), group=g)
+    g.destroy()
+    if world_size < 2:
+        return
+    fc.init(debug="detail")
+    try:
+        with pytest.raises(fc.CollectiveMismatchError, match="exscan"):
+            fc.exscan(np.ones(2), "max" if rank == 0 else "sum")
+        with pytest.raises(fc.CollectiveMismatchError, match="with_total"):
+            fc.scan(np.ones(2), with_total=rank == 0)
+        assert fc.scan(np.ones(2)).tolist() == [rank + 1.0] * 2
+    finally:
+        fc.init(debug="off")
