@@ -7,7 +7,8 @@
 Launches ``mpiexec -n N python bench/numeric_worker.py`` per world size (what each section
 times: that file's docstring), then writes into ``bench/results/<date>/`` (git-ignored):
 ``numeric.csv`` (one row per n, section, case, size, implementation), ``numeric.md`` (the
-tables: median time per call and fcoll/raw, the median of per-batch ratios) and
+tables: median time per call and fcoll/raw, the median of per-batch ratios; each the
+median over ``--runs`` jobs per world size, 3 by default) and
 ``numeric.png`` (fcoll/raw against size, one panel per section). With more ranks than
 cores timings are scheduler noise: compare ratios within one run only.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -32,11 +34,12 @@ SECTIONS = ("scan", "exscan", "sendrecv", "halo", "cg")
 TARGET = 1.2  # issue 26: no worse than 1.2x raw at any size
 
 
-def launch(n: int, csv_path: Path, args: argparse.Namespace) -> int:
+def launch(n: int, csv_path: Path, args: argparse.Namespace, run: int) -> int:
     python = sys.executable
     mpiexec = os.environ.get("MPIEXEC") or str(Path(python).parent / "mpiexec")
     cmd = [mpiexec, *launcher_flags(mpiexec, n), "-n", str(n), python,
-           str(HERE / "numeric_worker.py"), "--csv", str(csv_path), "--batches", str(args.batches)]
+           str(HERE / "numeric_worker.py"), "--csv", str(csv_path), "--batches", str(args.batches),
+           "--run", str(run)]
     cmd += ["--quick"] if args.quick else []
     env = {**os.environ, "MPIEXEC_TIMEOUT": str(args.timeout), "OPENBLAS_NUM_THREADS": "1",
            "OMP_NUM_THREADS": "1"}
@@ -45,8 +48,20 @@ def launch(n: int, csv_path: Path, args: argparse.Namespace) -> int:
 
 
 def read(path: Path) -> list[dict[str, str]]:
+    """The rows of every run, each cell's figures the median over the runs."""
     with path.open() as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    cells: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        cells[(r["n"], r["section"], r["case"], r["size"], r["impl"])].append(r)
+    merged = []
+    for runs in cells.values():
+        row = dict(runs[0])
+        for key in ("median_us", "q1_us", "q3_us", "ratio"):
+            row[key] = str(statistics.median(float(r[key]) for r in runs))
+        row["runs"] = str(len(runs))
+        merged.append(row)
+    return merged
 
 
 def _label(section: str, size: str) -> str:
@@ -110,6 +125,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--batches", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=3, help="jobs per world size; the report "
+                        "gives the median over them")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=int, default=1200)
     parser.add_argument("--out", type=Path, help="output folder (default bench/results/<date>)")
@@ -120,9 +137,10 @@ def main() -> None:
     path = out / "numeric.csv"
     if not args.report_only:
         path.unlink(missing_ok=True)
-        for n in args.n:
-            if launch(n, path, args) != 0:
-                sys.exit(f"the job at n = {n} failed")
+        for run in range(args.runs):  # runs interleaved across world sizes: noise spreads out
+            for n in args.n:
+                if launch(n, path, args, run) != 0:
+                    sys.exit(f"the job at n = {n} failed")
     rows = read(path)
     text = table(rows)
     (out / "numeric.md").write_text(text)

@@ -41,6 +41,7 @@ fc.init()
 from mpi4py import MPI  # noqa: E402
 
 Fn = Callable[[], Any]
+RUN = [0]  # which run of bench/numeric.py this job is (--run)
 
 
 def _poisson() -> Any:
@@ -81,7 +82,8 @@ def record(comm: Any, rows: list[dict[str, object]], section: str, case: str, si
     for name, values in times.items():
         ratio = statistics.median(a / b for a, b in zip(values, times["raw"], strict=True))
         q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
-        rows.append({"n": n, "section": section, "case": case, "size": size, "impl": name,
+        rows.append({"n": n, "run": RUN[0], "section": section, "case": case, "size": size,
+                     "impl": name,
                      "median_us": statistics.median(values) * 1e6, "q1_us": q1 * 1e6,
                      "q3_us": q3 * 1e6, "ratio": ratio, "batches": len(values)})
         line.append(f"{name} {statistics.median(values) * 1e6:10.1f} us ({ratio:.2f})")
@@ -188,10 +190,10 @@ def _cg_step(b: np.ndarray, h: float, halo: Callable[[np.ndarray], np.ndarray],
     def reset() -> None:
         p = np.zeros((b.shape[0] + 2, b.shape[1] + 2))
         p[1:-1, 1:-1] = b
-        state.update(u=np.zeros_like(b), r=b.copy(), p=p, rr=dot(b, b))
+        state.update(u=np.zeros_like(b), r=b.copy(), p=p, rr=dot(b, b), rr0=dot(b, b))
 
-    def step() -> None:
-        if not state or state["rr"] < 1e-20:
+    def step() -> None:  # restarted once converged (every rank sees the same rr)
+        if not state or not state["rr"] > 1e-24 * state["rr0"]:
             reset()
         p, r, u = state["p"], state["r"], state["u"]
         ap = stencil(halo(p), h)
@@ -212,7 +214,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.02, help="seconds per batch")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sections", nargs="+", default=["scan", "sendrecv", "halo", "cg"])
+    parser.add_argument("--run", type=int, default=0)
     args = parser.parse_args()
+    RUN[0] = args.run
     comm, rows = fc.world().comm("bench"), []
     sizes = [8, 4096, 1 << 20] if args.quick else [8, 512, 4096, 65536, 1 << 20, 4 << 20]
     if "scan" in args.sections:
