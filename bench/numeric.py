@@ -101,12 +101,19 @@ def plot(rows: list[dict[str, str]], path: Path) -> None:
     panels = [("scan", "exscan"), ("sendrecv",), ("halo",), ("cg",)]
     for ax, sections in zip(axes, panels, strict=True):
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        copies = {(r["n"], r["case"], r["size"]): float(r["ratio"]) for r in rows
+                  if r["impl"] == "raw+copy"}
         for r in rows:
             if r["section"] in sections and r["impl"] == "fcoll":
-                series[f"{r['section']} {r['case']} n={r['n']}"].append((int(r["size"]), float(r["ratio"])))
+                key = f"{r['section']} {r['case']} n={r['n']}"
+                series[key].append((int(r["size"]), float(r["ratio"])))
+                if r["section"] == "halo":  # against raw on a copy: what a pure function must do
+                    copy = copies[(r["n"], r["case"], r["size"])]
+                    series[key + " vs raw+copy"].append((int(r["size"]), float(r["ratio"]) / copy))
         for name, points in sorted(series.items()):
             points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, label=name)
+            ax.plot([p[0] for p in points], [p[1] for p in points],
+                    "o--" if name.endswith("copy") else "o-", ms=3, label=name)
         ax.axhline(TARGET, color="tab:red", lw=0.8, ls="--", label=f"{TARGET}x")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
