@@ -47,6 +47,8 @@ def describe(value: object) -> str:
     """
     if value is None or type(value) in _PLAIN or isinstance(value, (ReduceOp, PremulSum)):
         return repr(value)
+    if isinstance(value, np.ufunc):
+        return f"np.{value.__name__}"
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if isinstance(shape, tuple) and dtype is not None:
         kind = type(value).__module__.split(".")[0]

@@ -31,14 +31,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from fcoll import _fingerprint
 from fcoll._validate import check_array
 from fcoll.dtypes import BFLOAT16, check_dtype, check_op, wire_dtype, wire_op
-from fcoll.ops import NcclOp, PremulSum, ReduceOp, bool_op, mpi_op, nccl_op, resolve_op
+from fcoll.ops import NcclOp, PremulSum, ReduceOp, Resolved, bool_op, mpi_op, nccl_op, op_name, resolve_op
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
@@ -60,10 +60,11 @@ V2_10 = 21000  # NCCL_VERSION(2, 10, 0): bfloat16 and ncclAvg
 class ReductionPlan:
     """How one reduction travels on MPI: wire dtype, MPI's op or fcoll's fold, the way back.
 
-    ``ufunc`` is None where MPI's ``op`` reduces; else fcoll folds with it in rank order.
+    ``ufunc`` is None where MPI's ``op`` reduces; else fcoll folds with it in rank order
+    (always for a ``reduce_op`` that is a ufunc: ``op`` is then None).
     """
 
-    reduce_op: ReduceOp | PremulSum
+    reduce_op: Resolved
     op: Any  # the MPI.Op on the wire
     ufunc: np.ufunc | None
     dtype: np.dtype[Any]
@@ -99,8 +100,10 @@ class ReductionPlan:
         return y
 
 
-def _fold_ufunc(op: ReduceOp | PremulSum, wire: np.dtype[Any], n: int) -> np.ufunc | None:
+def _fold_ufunc(op: Resolved, wire: np.dtype[Any], n: int) -> np.ufunc | None:
     """The ufunc fcoll folds with, or None where MPI's result is already order-free."""
+    if isinstance(op, np.ufunc):
+        return op  # any binary ufunc: folded in rank order on every transport
     if wire.kind not in "fc":
         return None
     if isinstance(op, PremulSum):
@@ -113,17 +116,17 @@ def _mpi_plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPla
     resolved = resolve_op(op, fn)
     check_op(resolved, dtype, fn)
     on_wire = wire_op(resolved, dtype)
-    wire = wire_dtype(dtype)
+    wire = wire_dtype(dtype, resolved)
     wire = dtype if wire == dtype else wire  # identity lets wire()/finish() test with `is`
     ufunc = _fold_ufunc(on_wire, wire, n)
-    is_bool = dtype == np.bool_
+    is_bool = wire is not dtype and dtype == np.bool_
     simple = wire is dtype and not is_bool and resolved is not ReduceOp.AVG and not isinstance(
         resolved, PremulSum)
     direct = simple and ufunc is None
-    folds = ufunc or (np.add if isinstance(on_wire, PremulSum) else _ANY_ORDER[on_wire])
-    name = "premul_sum" if isinstance(resolved, PremulSum) else resolved.value
+    # ``ufunc`` is set for a ufunc op, so the table is only asked for a ReduceOp
+    folds = ufunc or (np.add if isinstance(on_wire, PremulSum) else _ANY_ORDER[cast(ReduceOp, on_wire)])
     return ReductionPlan(resolved, mpi_op(on_wire), ufunc, dtype, wire, n, is_bool, simple, direct,
-                         folds, _fingerprint.of("all_reduce", name, dtype))
+                         folds, _fingerprint.of("all_reduce", op_name(resolved), dtype))
 
 
 def reduction_plan(x: np.ndarray, op: object, group: Any, fn: str) -> ReductionPlan:
@@ -202,7 +205,7 @@ class NcclPlan:
         return y.reshape(tuple(shape))
 
 
-def _unsupported(fn: str, op: ReduceOp | PremulSum, dtype: np.dtype[Any]) -> NotImplementedError:
+def _unsupported(fn: str, op: Resolved, dtype: np.dtype[Any]) -> NotImplementedError:
     name = op.value if isinstance(op, ReduceOp) else repr(op)
     return NotImplementedError(
         f"{fn}: NCCL has no {name} reduction for {dtype}; set FCOLL_GPU_TRANSPORT=mpi to "
@@ -220,10 +223,10 @@ def _bool_plan(op: ReduceOp, dtype: np.dtype[Any]) -> NcclPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def _nccl_plan(dtype: np.dtype[Any], op: ReduceOp | PremulSum, version: int, fn: str) -> NcclPlan:
+def _nccl_plan(dtype: np.dtype[Any], op: Resolved, version: int, fn: str) -> NcclPlan:
     if dtype == np.bool_ and isinstance(op, ReduceOp):
         return _bool_plan(op, dtype)
-    if op in _BITWISE:
+    if op in _BITWISE or isinstance(op, np.ufunc):  # a ufunc: `fcoll.gpu.route` stages it first
         raise _unsupported(fn, op, dtype)
     pairs = dtype.kind == "c"
     wire = np.dtype(f"float{dtype.itemsize * 4}") if pairs else _WIDER.get(dtype, dtype)

@@ -13,7 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fcoll.ops import PremulSum, ReduceOp, bool_op
+from fcoll.ops import PremulSum, ReduceOp, Resolved, bool_op
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -47,8 +47,11 @@ def _kind(dtype: np.dtype[Any]) -> str:
     return "f" if dtype in _HALF else dtype.kind
 
 
-def check_op(op: ReduceOp | PremulSum, dtype: np.dtype[Any], fn: str) -> None:
+def check_op(op: Resolved, dtype: np.dtype[Any], fn: str) -> None:
     """Raise if ``op`` cannot reduce ``dtype`` (the rules of API.md, "Dtypes, ops and errors")."""
+    if isinstance(op, np.ufunc):
+        _check_ufunc(op, dtype, fn)
+        return
     kind = _kind(dtype)
     if kind == "c" and (op == ReduceOp.PRODUCT or op in _ORDERED or op in _BITWISE):
         raise ValueError(f"{fn}: expected op sum, avg or premul_sum for {dtype} (complex data "
@@ -64,20 +67,64 @@ def check_op(op: ReduceOp | PremulSum, dtype: np.dtype[Any], fn: str) -> None:
         raise TypeError(f"{fn}: expected an integer or bool dtype for {op.value}, got {dtype}")
 
 
-def wire_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype a reduction of ``dtype`` travels and accumulates in on MPI."""
+def _check_ufunc(op: np.ufunc, dtype: np.dtype[Any], fn: str) -> None:
+    """`TypeError` unless the binary ufunc ``op`` maps two arrays of ``dtype``'s wire dtype
+    to that dtype (a fold keeps its dtype)."""
+    wire = wire_dtype(dtype, op)
+    try:
+        found = op.resolve_dtypes((wire, wire, None))
+    except TypeError:
+        found = None
+    if found != (wire, wire, wire):
+        got = "no loop" if found is None else f"{found[0]}, {found[1]} -> {found[2]}"
+        raise TypeError(f"{fn}: expected op to map two {wire} arrays to {wire} (the wire dtype "
+                        f"of {dtype}), got np.{op.__name__} with {got}")
+
+
+def wire_dtype(dtype: np.dtype[Any], op: Resolved | None = None) -> np.dtype[Any]:
+    """The dtype a reduction of ``dtype`` with ``op`` travels and accumulates in on MPI
+    (a ufunc folds bool as bool; the named ops carry it as uint8 0/1)."""
     if dtype in _HALF:
         return np.dtype("float32")
-    if dtype == np.bool_:
+    if dtype == np.bool_ and not isinstance(op, np.ufunc):
         return np.dtype("uint8")
     return dtype
 
 
-def wire_op(op: ReduceOp | PremulSum, dtype: np.dtype[Any]) -> ReduceOp | PremulSum:
+def wire_op(op: Resolved, dtype: np.dtype[Any]) -> Resolved:
     """The op MPI applies to the wire data of ``dtype``."""
     if dtype == np.bool_ and isinstance(op, ReduceOp):
         return bool_op(op)
     return op
+
+
+_IDENTITY = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.BOR: 0, ReduceOp.BXOR: 0,
+             ReduceOp.BAND: -1}
+
+
+def identity(op: Resolved, dtype: np.dtype[Any]) -> Any:
+    """The value ``e`` of ``dtype`` with ``e op v == v`` (what `fcoll.exscan` gives rank 0), or
+    None for an op without one: 0 for sum, 1 for product, -inf/+inf for float max/min and the
+    integer dtype's lowest/highest value, all bits set for band; a ufunc's ``identity``.
+
+    Example:
+        >>> identity(ReduceOp.MAX, np.dtype("int8")), identity(ReduceOp.BAND, np.dtype("uint8"))
+        (np.int8(-128), np.uint8(255))
+    """
+    if isinstance(op, np.ufunc):
+        value = op.identity
+        return None if value is None else np.array(value).astype(dtype)[()]
+    if isinstance(op, PremulSum) or op is ReduceOp.AVG:
+        return None
+    if dtype == np.bool_:
+        return np.bool_(bool_op(op) is ReduceOp.MIN)  # and: True; or, xor: False
+    if op in _ORDERED:
+        low = op is ReduceOp.MAX
+        if _kind(dtype) == "f":
+            return np.array(-np.inf if low else np.inf).astype(dtype)[()]
+        info = np.iinfo(dtype)
+        return dtype.type(info.min if low else info.max)
+    return np.array(_IDENTITY[op]).astype(dtype)[()]
 
 
 def as_bytes(x: np.ndarray) -> np.ndarray:

@@ -8,12 +8,12 @@ of another. `resolve_group` is the one place that turns a ``group=`` argument in
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from fcoll import _runtime, _trace_report, _watch
+from fcoll._meshes import axis_group, mesh_stack
 from fcoll._runtime import Timeout, to_seconds
 from fcoll.backends import native
 from fcoll.work import Call
@@ -144,6 +144,31 @@ class Group:
             )
         return self._ranks[group_rank]
 
+    @classmethod
+    def from_comm(cls, comm: Any, *, timeout: Timeout = None) -> Group:
+        """A `Group` over a duplicate of an existing communicator: an ``mpi4py.MPI.Intracomm``
+        or an object with ``tompi4py()`` (petsc4py's). Collective over ``comm``; fcoll's
+        traffic never mixes with the application's own on ``comm``; deadlines, debug checks
+        and the flight recorder apply.
+
+        Example:
+            >>> g = fc.Group.from_comm(PETSc.COMM_WORLD)     # every rank of the communicator
+            >>> g.ranks, fc.all_reduce(np.ones(1), group=g)  # mpiexec -n 2
+            ((0, 1), array([2.]))
+        """
+        MPI, _ = _runtime.mpi(), world()  # fcoll started: global ranks are COMM_WORLD's
+        if not isinstance(comm, MPI.Comm) and callable(getattr(comm, "tompi4py", None)):
+            comm = comm.tompi4py()
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"from_comm: expected an mpi4py.MPI.Intracomm or an object with "
+                            f"tompi4py(), got {type(comm).__name__}")
+        mine, everyone = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        ranks = MPI.Group.Translate_ranks(mine, list(range(comm.Get_size())), everyone)
+        mine.Free(), everyone.Free()
+        if MPI.UNDEFINED in ranks:
+            raise ValueError(f"from_comm: expected processes of this job's COMM_WORLD, got {ranks}")
+        return cls(comm.Dup(), ranks, to_seconds(timeout))
+
     def split(self, color: int | None, key: int | None = None) -> Group:
         """Split into groups of the members that pass the same ``color`` (``MPI_Comm_split``).
 
@@ -269,31 +294,6 @@ def world() -> Group:
     return world
 
 
-# Meshes entered with ``with mesh:`` in this thread, innermost last. `fcoll.mesh` pushes
-# and pops them; `resolve_group` asks them for axis names (duck-typed: ``names`` and
-# ``group(names)``) without importing `fcoll.mesh`, the layer above.
-_MESHES = threading.local()
-
-
-def mesh_stack() -> list[Any]:
-    """This thread's stack of active meshes (innermost last)."""
-    stack: list[Any] | None = getattr(_MESHES, "stack", None)
-    if stack is None:
-        stack = _MESHES.stack = []
-    return stack
-
-
-def axis_group(names: str | Sequence[str], fn: str) -> Group:
-    """The group of axis ``names`` in the innermost active mesh that has them."""
-    wanted = (names,) if isinstance(names, str) else tuple(names)
-    for mesh in reversed(mesh_stack()):
-        if all(n in mesh.names for n in wanted):
-            found: Group = mesh.group(wanted)
-            return found
-    raise ValueError(f"{fn}: axis name(s) {names!r} are not axes of an active mesh; "
-                     "use `with fc.Mesh(shape, names):`")
-
-
 def _check_ranks(ranks: object, fn: str, world_size: int) -> tuple[int, ...]:
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
         raise TypeError(f"{fn}: expected ranks to be a list of ints, got {type(ranks).__name__}")
@@ -348,7 +348,8 @@ def resolve_group(group: object, fn: str) -> Group:
     names = isinstance(group, str) or (isinstance(group, tuple) and group
                                        and all(isinstance(name, str) for name in group))
     if names and mesh_stack():  # mesh axis names, inside `with mesh:`
-        return axis_group(group, fn)  # type: ignore[arg-type]
+        found: Group = axis_group(group, fn)  # type: ignore[arg-type]
+        return found
     if isinstance(group, (list, tuple)):
         key = _check_ranks(group, fn, world().size)
         cached = _LIST_GROUPS.get(key)

@@ -9,9 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from fcoll.group import Group, axis_group, mesh_stack, resolve_group
+from fcoll import _meshes
+from fcoll.group import Group, resolve_group
 
-_stack = mesh_stack  # the active meshes live with the groups (fcoll.group.resolve_group reads them)
+_stack = _meshes.mesh_stack  # the active meshes (fcoll.group.resolve_group reads them)
+
+
+def axis_group(names: str | Sequence[str], fn: str) -> Group:
+    """The group of axis ``names`` in the innermost active mesh (``with mesh:``) that has them.
+
+    Example:
+        >>> with fc.Mesh((2, 2), ("dp", "tp")):        # mpiexec -n 4
+        ...     axis_group("tp", "psum").ranks         # on rank 3
+        (2, 3)
+    """
+    found: Group = _meshes.axis_group(names, fn)
+    return found
 
 
 class Mesh:
@@ -30,6 +43,7 @@ class Mesh:
     def __init__(self, shape: Sequence[int], names: Sequence[str], group: Any = None) -> None:
         self.parent = resolve_group(group, "Mesh")
         self.shape, self.names = _check_shape(shape, names, self.parent.size)
+        self._coordinate = tuple(int(c) for c in np.unravel_index(self.parent.rank, self.shape))
         self._groups: dict[tuple[str, ...], Group] = {}
         for name in self.names:
             self.group(name)
@@ -52,7 +66,7 @@ class Mesh:
             >>> mesh.coordinate()                      # on rank 4 (rank 0 gets (0, 0))
             (1, 1)
         """
-        return tuple(int(c) for c in np.unravel_index(self.parent.rank, self.shape))
+        return self._coordinate
 
     def _axes(self, names: str | Sequence[str]) -> tuple[str, ...]:
         wanted = (names,) if isinstance(names, str) else tuple(names)
@@ -86,6 +100,31 @@ class Mesh:
                                          [self.shape[i] for i in other])) if other else 0
         key = int(np.ravel_multi_index([coord[i] for i in keep], [self.shape[i] for i in keep]))
         return self.parent.split(color, key)
+
+    def shift(self, axis: str, disp: int = 1, *, periodic: bool = False
+              ) -> tuple[int | None, int | None]:
+        """``(src, dst)``: the ranks of ``mesh.group(axis)`` this rank receives from and sends
+        to when data moves by ``disp`` along ``axis`` (``MPI_Cart_shift``); ``None`` past an
+        edge unless ``periodic``. A rank's rank in that group is its coordinate on ``axis``.
+
+        Example:
+            >>> mesh = fc.Mesh((4,), ("x",))             # mpiexec -n 4
+            >>> mesh.shift("x")                         # on rank 0; rank 3: (2, None)
+            (None, 1)
+            >>> mesh.shift("x", periodic=True)          # on rank 0
+            (3, 1)
+            >>> fc.sendrecv(x, *reversed(mesh.shift("x")), group=mesh.group("x"))  # x moves up
+        """
+        if not isinstance(axis, str):
+            raise TypeError(f"Mesh.shift: expected axis to be one axis name (a str), got {axis!r}")
+        if type(disp) is not int and (not isinstance(disp, (int, np.integer)) or isinstance(disp, bool)):
+            raise TypeError(f"Mesh.shift: expected disp to be an int, got {type(disp).__name__}")
+        size = self.shape[self.names.index(self._axes(axis)[0])]
+        here = self.coordinate()[self.names.index(axis)]
+        src, dst = here - int(disp), here + int(disp)
+        if periodic:
+            return src % size, dst % size
+        return (src if 0 <= src < size else None), (dst if 0 <= dst < size else None)
 
     def __getitem__(self, name: str) -> Mesh:
         """The 1-D sub-mesh along axis ``name`` through this rank (as DeviceMesh)."""

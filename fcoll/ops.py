@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fcoll._runtime import mpi
 
 
@@ -72,11 +74,41 @@ def premul_sum(factor: float | complex) -> PremulSum:
     return PremulSum(factor)
 
 
-Op = ReduceOp | PremulSum | str
+Op = ReduceOp | PremulSum | str | np.ufunc
+Resolved = ReduceOp | PremulSum | np.ufunc  # what `resolve_op` gives: a ufunc only if unnamed
+
+# The ufunc of a named op acts as that op (identity, bool meaning, half-precision accumulation).
+NAMED_UFUNCS: dict[np.ufunc, ReduceOp] = {
+    np.add: ReduceOp.SUM, np.multiply: ReduceOp.PRODUCT, np.minimum: ReduceOp.MIN,
+    np.maximum: ReduceOp.MAX, np.bitwise_and: ReduceOp.BAND, np.bitwise_or: ReduceOp.BOR,
+    np.bitwise_xor: ReduceOp.BXOR}
 
 
-def resolve_op(op: object, fn: str) -> ReduceOp | PremulSum:
-    """Turn the ``op`` argument into a `ReduceOp` or `PremulSum`, or raise."""
+def is_custom(op: object) -> bool:
+    """Whether ``op`` is a numpy ufunc other than a named op's (folded by fcoll everywhere).
+
+    Example:
+        >>> is_custom(np.logaddexp), is_custom(np.add), is_custom("sum")
+        (True, False, False)
+    """
+    return isinstance(op, np.ufunc) and op not in NAMED_UFUNCS
+
+
+def op_name(op: Resolved) -> str:
+    """What errors and fingerprints call ``op``: ``"sum"``, ``"premul_sum"``, a ufunc's name."""
+    if isinstance(op, np.ufunc):
+        return str(op.__name__)
+    return "premul_sum" if isinstance(op, PremulSum) else op.value
+
+
+def resolve_op(op: object, fn: str) -> Resolved:
+    """Turn the ``op`` argument into a `ReduceOp`, a `PremulSum` or a binary ufunc, or raise
+    (`TypeError` for a unary ufunc or any other callable, before anything is sent).
+
+    Example:
+        >>> resolve_op(np.maximum, "scan"), resolve_op(np.hypot, "scan")
+        (ReduceOp.MAX, <ufunc 'hypot'>)
+    """
     if isinstance(op, (ReduceOp, PremulSum)):
         return op
     if isinstance(op, str):
@@ -85,9 +117,16 @@ def resolve_op(op: object, fn: str) -> ReduceOp | PremulSum:
         except ValueError:
             choices = sorted({m.value for m in ReduceOp} | set(_ALIASES))
             raise ValueError(f"{fn}: expected op in {choices}, got {op!r}") from None
+    if isinstance(op, np.ufunc):
+        if op in NAMED_UFUNCS:
+            return NAMED_UFUNCS[op]
+        if op.nin != 2 or op.nout != 1:
+            raise TypeError(f"{fn}: expected op to be a binary ufunc (2 inputs, 1 output), got "
+                            f"np.{op.__name__} with {op.nin} input(s) and {op.nout} output(s)")
+        return op
     raise TypeError(
-        f"{fn}: expected op to be a str, fcoll.ReduceOp or fcoll.premul_sum(...), "
-        f"got {type(op).__name__}"
+        f"{fn}: expected op to be a str, fcoll.ReduceOp, fcoll.premul_sum(...) or a binary "
+        f"numpy ufunc, got {type(op).__name__}"
     )
 
 
@@ -119,8 +158,11 @@ def bool_op(op: ReduceOp) -> ReduceOp:
     return _BOOL_AS_UINT8[op]
 
 
-def mpi_op(op: ReduceOp | PremulSum) -> Any:
-    """The ``MPI.Op`` that carries ``op`` on the wire (avg and premul_sum travel as SUM)."""
+def mpi_op(op: Resolved) -> Any:
+    """The ``MPI.Op`` that carries ``op`` on the wire (avg and premul_sum travel as SUM);
+    None for a ufunc, which fcoll always folds itself."""
+    if isinstance(op, np.ufunc):
+        return None
     name = "SUM" if isinstance(op, PremulSum) else _MPI_OP_NAMES[op]
     return getattr(mpi(), name)
 

@@ -2,7 +2,7 @@
 
 A message carries its own shape and dtype, so a receiver needs no template. Wire format
 on the group's communicator: a header of int64 ``[kind, dtype index, ndim, *shape]``
-(padded to 16 bytes) on tag ``2 * tag``; small arrays ride in the same message after the
+(padded to 16 bytes, `fcoll._header`) on tag ``2 * tag``; small arrays ride in the same message after the
 header, large ones follow as a second message on tag ``2 * tag + 1`` (no copy). MPI keeps
 messages between two ranks on one tag in order, so header and data always pair up.
 
@@ -17,7 +17,6 @@ device; otherwise numpy (cupy).
 
 from __future__ import annotations
 
-import struct
 import sys
 import time
 from collections.abc import Sequence
@@ -28,11 +27,15 @@ import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import device, is_cupy
+from fcoll._header import INLINE as _INLINE
+from fcoll._header import SEPARATE as _SEPARATE
+from fcoll._header import header as _header
+from fcoll._header import inline as _inline
+from fcoll._header import parse as _parse
 from fcoll._runtime import mpi
 from fcoll._validate import check_array, check_permutation, check_rank
 from fcoll.backends import interop
 from fcoll.collectives._common import c_order
-from fcoll.dtypes import SUPPORTED
 from fcoll.gpu import staged
 from fcoll.group import Group, GroupArg, member, resolve_group
 from fcoll.work import (
@@ -49,36 +52,20 @@ from fcoll.work import (
 MPI = mpi()
 BYTE = MPI.BYTE
 INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header message
-_INLINE, _SEPARATE = 1, 2
 _CUPY = 4  # or-ed into the kind: the sender's array was a cupy array
 _KIND_FLAGS = {"torch": 8, "jax": 16}  # or-ed too: it was a torch tensor, a JAX array
 _FLAGS = _CUPY | 8 | 16
-_DTYPES = sorted(SUPPORTED, key=str)
-_DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
 _MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1024
 # Tags fcoll uses itself, above every user tag's pair (2 * tag, 2 * tag + 1).
 PERMUTE_TAG = _MAX_TAG * 2 + 2
 MONITOR_TAG = PERMUTE_TAG + 1  # monitored_barrier: reports on this tag, verdicts on + 1
+HALO_TAG = PERMUTE_TAG + 3  # halo_exchange: data moving up a mesh axis; + 1: moving down
 
 
 def _tag(tag: object, fn: str) -> int:
     if type(tag) is not int or not 0 <= tag <= _MAX_TAG:
         raise ValueError(f"{fn}: expected tag to be an int in [0, {_MAX_TAG}], got {tag!r}")
     return tag
-
-
-def _header_format(ndim: int) -> struct.Struct:
-    """int64 words ``kind, dtype index, ndim, *shape`` padded to an even count (16 bytes)."""
-    return struct.Struct(f"<{3 + ndim + (ndim + 1) % 2}q")
-
-
-_FORMATS = [_header_format(ndim) for ndim in range(65)]
-_PREFIX = struct.Struct("<3q")
-
-
-def _header(x: np.ndarray, kind: int) -> bytes:
-    pad = (0,) * (x.ndim + 1 & 1)
-    return _FORMATS[x.ndim].pack(kind, _DTYPE_INDEX[x.dtype], x.ndim, *x.shape, *pad)
 
 
 def _packed(x: np.ndarray, flags: int = 0) -> bytes:
@@ -115,18 +102,6 @@ def _arrived(out: np.ndarray, kind: int, device: int | None) -> Any:
         if kind & flag and k in sys.modules:
             return interop.as_kind(y, k)
     return y
-
-
-def _parse(buf: np.ndarray) -> tuple[int, np.dtype[Any], tuple[int, ...], int]:
-    """``(kind, dtype, shape, data offset)`` of a received header."""
-    kind, index, ndim = _PREFIX.unpack_from(buf, 0)  # type: ignore[arg-type]  # a buffer
-    fmt = _FORMATS[ndim]
-    shape = fmt.unpack_from(buf, 0)[3 : 3 + ndim]
-    return kind, _DTYPES[index], shape, fmt.size
-
-
-def _inline(buf: np.ndarray, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int) -> np.ndarray:
-    return np.ndarray(shape, dtype, buffer=buf, offset=offset)
 
 
 def _send(call: Call, buf: Any, peer: int, tag: int) -> None:

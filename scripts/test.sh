@@ -40,7 +40,7 @@ for pass in "0 auto" "1 auto" "1 0"; do
     FCOLL_SHM=$shm FCOLL_NATIVE=$native MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
       ${color[@]+"${color[@]}"} "$@" tests/test_reductions.py tests/test_coalesced.py \
       tests/test_movement.py tests/test_fast.py tests/test_detail.py tests/test_shm.py \
-      tests/test_shm_movement.py || rc=$?
+      tests/test_shm_movement.py tests/test_scan.py tests/test_custom_ops.py || rc=$?
     [ $rc = 0 ] || [ $rc = 5 ] || status=1
   done
 done
@@ -62,7 +62,7 @@ if [ "${FCOLL_FAKE_GPU_PASS:-1}" != 0 ]; then
     echo "=== world size $n ($mpi), GPU tests on the CPU stand-in for cupy"
     FCOLL_FAKE_CUPY=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
       ${color[@]+"${color[@]}"} tests/test_gpu.py tests/test_gpu_fast.py tests/test_gpu_stack.py tests/test_gpu_reliability.py \
-      tests/test_gpu_interop.py || status=1
+      tests/test_gpu_interop.py tests/test_gpu_numeric.py || status=1
   done
 fi
 if [ "$mpi" = mpich ] && [ "${FCOLL_OPENMPI_SMOKE:-1}" != 0 ]; then

@@ -4,7 +4,11 @@ rank's input and hence the expected result, at any world size."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import ml_dtypes
@@ -93,3 +97,34 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal dtype, shape and bytes."""
     return (a.dtype == b.dtype and a.shape == b.shape
             and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+
+
+# Views of a (4, 6) array for the layout tests: a 0-d element, an empty slice, a strided
+# view, a Fortran copy, and the array itself (`layout_inputs` makes that one read-only).
+LAYOUTS = {"0d": lambda a: a[1, 2][()], "empty": lambda a: a[:0, :],
+           "strided": lambda a: a[::2, ::3], "fortran": np.asfortranarray,
+           "readonly": lambda a: a}
+
+
+def layout_inputs(members: Sequence[int], me: int, layout: str, dtype: Any
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Every member's input in ``layout`` (`LAYOUTS`) and group rank ``me``'s own (read-only
+    for ``"readonly"``)."""
+    inputs = [np.asarray(LAYOUTS[layout](data(r, (4, 6), dtype, salt=4))) for r in members]
+    x = inputs[me]
+    if layout == "readonly":
+        x.flags.writeable = False
+    return inputs, x
+
+
+def load_example(name: str) -> ModuleType:
+    """examples/<name>.py as a module (loaded once per process)."""
+    key = f"_fcoll_example_{name}"
+    if key not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]

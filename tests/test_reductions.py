@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from tests.helpers import ALL_DTYPES, BF16, COMPLEX, data, reduce_error, reference, same_bits
+from tests.helpers import (
+    ALL_DTYPES,
+    BF16,
+    COMPLEX,
+    data,
+    layout_inputs,
+    reduce_error,
+    reference,
+    same_bits,
+)
 
 OPS = ["sum", "avg", "product", "min", "max", "band", "bor", "bxor"]
 
@@ -134,14 +143,7 @@ def test_premul_sum(group, factor):
 @pytest.mark.parametrize("layout", ["0d", "empty", "strided", "fortran", "readonly"])
 @pytest.mark.parametrize("dtype", [np.float32, BF16, np.bool_, np.complex128])
 def test_layouts(group, layout, dtype):
-    base = [data(r, (4, 6), dtype, salt=4) for r in group.members]
-    view = {"0d": lambda a: a[1, 2][()], "empty": lambda a: a[:0, :],
-            "strided": lambda a: a[::2, ::3], "fortran": np.asfortranarray,
-            "readonly": lambda a: a}[layout]
-    inputs = [np.asarray(view(b)) for b in base]
-    x = inputs[group.rank]
-    if layout == "readonly":
-        x.flags.writeable = False
+    inputs, x = layout_inputs(group.members, group.rank, layout, dtype)
     for op in ("sum", "avg") if np.dtype(dtype).kind == "c" else ("sum", "max"):
         y = fc.all_reduce(x, op, group.arg)
         assert isinstance(y, np.ndarray) and y.shape == x.shape

@@ -8,8 +8,6 @@ falls. Skipped where torch, JAX or scikit-learn (the digits) is missing.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,6 +16,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from tests.helpers import load_example
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EPS32 = float(np.finfo(np.float32).eps)
@@ -26,14 +25,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 def _example(name: str) -> ModuleType:
     """examples/<name>.py as a module (loaded once per process)."""
     pytest.importorskip("sklearn")
-    key = f"_fcoll_example_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    return load_example(name)
 
 
 def _torch_reference(ex: ModuleType, hidden: int, epochs: int, steps: int) -> Any:

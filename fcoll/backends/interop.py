@@ -170,8 +170,8 @@ def _parameters(fn: Callable[..., Any]) -> tuple[str, ...]:
 def _arrays(value: Any, name: str) -> list[tuple[str, Any]]:
     if isinstance(value, (list, tuple)):
         return [a for i, v in enumerate(value) for a in _arrays(v, f"{name}[{i}]")]
-    shape = getattr(value, "shape", None)
-    return [(name, value)] if shape is not None and not isinstance(value, type) else []
+    array = getattr(value, "shape", None) is not None and getattr(value, "dtype", None) is not None
+    return [(name, value)] if array and not isinstance(value, type) else []  # not a fcoll.Mesh
 
 
 def _one_kind(fn: str, named: Sequence[tuple[str, Any]]) -> Any:

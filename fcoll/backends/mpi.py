@@ -78,6 +78,18 @@ def reduce_scatter(call: Call, send: np.ndarray, counts: Sequence[int], op: Any)
     return out
 
 
+def scan(call: Call, send: np.ndarray, op: Any, exclusive: bool) -> np.ndarray:
+    """``Scan`` (``Exscan`` if ``exclusive``: rank 0's result is left unwritten)."""
+    comm = call.begin()
+    out = np.empty(send.shape, send.dtype)
+    if call.seconds is None:
+        (comm.Exscan if exclusive else comm.Scan)(send, out, op)
+        call.end()
+    else:
+        wait_request((comm.Iexscan if exclusive else comm.Iscan)(send, out, op), call)
+    return out
+
+
 def bcast(call: Call, buf: np.ndarray, root: int) -> np.ndarray:
     comm = call.begin()
     if call.seconds is None:
@@ -212,6 +224,11 @@ def ireduce(call: Call, send: np.ndarray, out: np.ndarray | None, op: Any, root:
 def ireduce_scatter_block(call: Call, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
     comm = call.begin()
     return comm.Ireduce_scatter_block(send, out, op)
+
+
+def iscan(call: Call, send: np.ndarray, out: np.ndarray, op: Any, exclusive: bool) -> Any:
+    comm = call.begin()
+    return (comm.Iexscan if exclusive else comm.Iscan)(send, out, op)
 
 
 def ibcast(call: Call, buf: np.ndarray, root: int) -> Any:

@@ -27,9 +27,10 @@ from fcoll._validate import check_count, check_rank, check_same_dtype
 from fcoll.backends import Backend, interop
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype, dtype_from_name
-from fcoll.gpu import aware, collectives, lists, nccl, staged
+from fcoll.gpu import aware, collectives, lists, nccl, neighbors, staged
 from fcoll.gpu.settings import mpi_for_device, transport
 from fcoll.group import Group, member, resolve_group
+from fcoll.ops import is_custom
 from fcoll.work import Call
 
 # NCCL moves every collective that has a function here; the others (e.g. reduce_scatter
@@ -49,7 +50,12 @@ NCCL: dict[str, Callable[..., Any]] = {
     "reduce_scatter_tensor_coalesced": lists.reduce_scatter_tensor_coalesced,
     "all_gather_into_tensor_coalesced": lists.all_gather_into_tensor_coalesced,
     "permute_tensor": lists.permute_tensor,
+    "sendrecv": neighbors.sendrecv,
+    "halo_exchange": neighbors.halo_exchange,
 }
+# Not compared across `group` by `guarded`: sendrecv is not collective, and halo_exchange
+# checks its own call across its mesh (block shapes may differ between ranks).
+OWN_CHECKS = frozenset({"sendrecv", "halo_exchange"})
 
 # CUDA-aware MPI: the single-message collectives hand device buffers to MPI (all_reduce
 # only where MPI's own op reduces; the rank-order fold runs staged).
@@ -74,12 +80,14 @@ def run(backend: Backend, name: str, numpy_fn: Callable[..., R], *args: Any, **k
     """
     if backend is cast(Backend, interop):  # torch tensors, JAX arrays (`_dispatch.INTEROP`)
         return interop.run(numpy_fn, name, *args, **kwargs)  # type: ignore[no-any-return]
+    if any(is_custom(a) for a in (*args, *kwargs.values())):
+        return staged.run(numpy_fn, *args, **kwargs)  # type: ignore[no-any-return]  # ufunc op
     group = kwargs.get("group")
     backend = choose(backend, name, args[0] if args else None, group)
     impl = TABLES[backend.NAME].get(name)
     if impl is not None:
-        result = guarded(name, group, lambda: _fields(numpy_fn, args, kwargs),
-                         lambda: impl(backend, *args, **kwargs))
+        result = impl(backend, *args, **kwargs) if name in OWN_CHECKS else guarded(
+            name, group, lambda: _fields(numpy_fn, args, kwargs), lambda: impl(backend, *args, **kwargs))
         if result is not NotImplemented:
             if backend is nccl:
                 return _waited(resolve_group(group, name).call, result)  # type: ignore[no-any-return]

@@ -1,0 +1,69 @@
+"""Located reductions: `maxloc` and `minloc` (MPI's ``MAXLOC``/``MINLOC``) as pure functions.
+
+Each is two all-reduces: the values (max or min, folded in group-rank order like every
+fcoll reduction, so the value kept among equals, ``-0.0`` against ``0.0`` say, is the
+lowest rank's), then the lowest group rank holding them (an int64 min). NaN counts as the
+extreme, as ``np.maximum`` and ``np.argmax`` have it: the first rank with a NaN wins. Both
+all-reduces take the usual transports (the segment on one node, NCCL for cupy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fcoll._dispatch import INTEROP, device, is_cupy
+from fcoll._validate import check_array
+from fcoll.collectives.reductions import all_reduce
+from fcoll.dtypes import check_dtype, check_op
+from fcoll.gpu import route
+from fcoll.group import GroupArg, member
+from fcoll.ops import ReduceOp
+
+
+def _located(fn: str, op: ReduceOp, x: Any, group: GroupArg) -> tuple[Any, Any]:
+    if type(x) is not np.ndarray and (on := device(x, group)) is INTEROP:
+        return route.run(on, fn, maxloc if op is ReduceOp.MAX else minloc, x, group=group)
+    g, _ = member(group, fn)
+    if is_cupy(x):
+        check_dtype(x.dtype, fn)
+    else:
+        check_array(x, fn)
+    check_op(op, x.dtype, fn)
+    values = all_reduce(x, op.value, group)
+    flat, best = x.reshape(-1), values.reshape(-1)
+    hit = flat == best
+    if x.dtype.kind not in "biu":  # NaN: equal to nothing, the extreme of every fold
+        hit |= (flat != flat) & (best != best)
+    mine = hit.astype(np.int64) * (g.rank - g.size) + g.size  # own rank where it holds the value
+    ranks = all_reduce(mine, "min", group).reshape(x.shape)
+    return values, ranks
+
+
+def maxloc(x: np.ndarray, group: GroupArg = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, ranks)``: the elementwise maximum of every rank's ``x`` and the group rank
+    holding it (ties: the lowest rank), as MPI's ``MAXLOC``.
+
+    ``values`` has ``x``'s shape and dtype, ``ranks`` its shape as int64, both of ``x``'s
+    array type; ``x`` is not modified. Complex data has no order: `ValueError`, as for max.
+
+    Example:
+        >>> values, ranks = fc.maxloc(np.array([r, 5 - r]))   # rank r of 4 ranks
+        >>> values, ranks                                     # on every rank
+        (array([3, 5]), array([3, 0]))
+    """
+    return _located("maxloc", ReduceOp.MAX, x, group)
+
+
+def minloc(x: np.ndarray, group: GroupArg = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, ranks)``: the elementwise minimum of every rank's ``x`` and the group rank
+    holding it (ties: the lowest rank), as MPI's ``MINLOC``. See `maxloc`.
+
+    Example:
+        >>> values, ranks = fc.minloc(np.array([r % 2, 7.0]))   # rank r of 4 ranks
+        >>> values, ranks                                       # on every rank
+        (array([0., 7.]), array([0, 0]))
+    """
+    return _located("minloc", ReduceOp.MIN, x, group)
+

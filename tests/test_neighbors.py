@@ -1,0 +1,349 @@
+"""sendrecv, Mesh.shift, halo_exchange and Group.from_comm, at every world size: expected
+values computed from each rank's coordinate (every rank can build every rank's block)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import fcoll as fc
+from fcoll._runtime import mpi
+from tests.helpers import ALL_DTYPES, bits, same_bits
+
+# --- sendrecv ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 2), (5000,)], ids=str)  # 5000: separate data
+def test_sendrecv_ring(group, dtype, shape):
+    n, r = group.size, group.rank
+    x = bits(r, shape, dtype, salt=1)
+    before = x.copy()
+    y = fc.sendrecv(x, (r + 1) % n, (r - 1) % n, group.arg)
+    assert same_bits(y, bits((r - 1) % n, shape, dtype, salt=1))
+    assert same_bits(x, before) and not np.shares_memory(x, y)
+
+
+def test_sendrecv_shapes_differ_and_travel(group):
+    """Each rank sends a block of its own shape and dtype: shape and dtype come with it."""
+    n, r = group.size, group.rank
+
+    def block(k: int) -> np.ndarray:
+        return np.arange(k * 3000 * (k % 2) + k + 1, dtype=[np.int8, np.float32][k % 2])
+
+    y = fc.sendrecv(block(r), (r - 1) % n, (r + 1) % n, group.arg, tag=7)
+    assert same_bits(y, block((r + 1) % n))
+
+
+@pytest.mark.parametrize("layout", ["strided", "fortran", "readonly"])
+def test_sendrecv_layouts(group, layout):
+    n, r = group.size, group.rank
+    base = np.arange(48.0).reshape(6, 8) + 100 * r
+    x = {"strided": base[::2, 1::3], "fortran": np.asfortranarray(base), "readonly": base}[layout]
+    if layout == "readonly":
+        x.flags.writeable = False
+    y = fc.sendrecv(x, (r + 1) % n, (r - 1) % n, group.arg)
+    expected = x - 100 * r + 100 * ((r - 1) % n)
+    assert same_bits(y, np.ascontiguousarray(expected)) and y.flags.writeable
+
+
+def test_sendrecv_proc_null_and_self(group):
+    """A non-periodic shift: the ends send or receive nothing (``None``), as MPI.PROC_NULL."""
+    n, r = group.size, group.rank
+    x = np.array([r, r])
+    y = fc.sendrecv(x, r + 1 if r + 1 < n else None, r - 1 if r > 0 else None, group.arg)
+    assert (y is None) if r == 0 else y.tolist() == [r - 1] * 2
+    assert same_bits(fc.sendrecv(x, r, r, group.arg), x)
+    assert fc.sendrecv(x, None, None, group.arg) is None
+    big = np.arange(20000) + r
+    assert same_bits(fc.sendrecv(big, r, r, group.arg), big)
+
+
+def test_sendrecv_pairs_with_send_and_recv(group):
+    """sendrecv's messages are send's: a send/recv pair on one side, sendrecv on the other."""
+    n, r = group.size, group.rank
+    if n < 2:
+        pytest.skip("needs two ranks")
+    for size in (3, 4000):
+        if r == 0:
+            fc.send(np.arange(size), 1, group.arg, tag=3)
+            assert same_bits(fc.recv(1, group.arg, tag=3), np.arange(size) * 2)
+            work = fc.isend(np.arange(size) + 1, 1, group.arg, tag=4)  # isend: inline, any size
+            assert same_bits(fc.recv(1, group.arg, tag=4), np.arange(size) - 1)
+            work.wait()
+        elif r == 1:
+            assert same_bits(fc.sendrecv(np.arange(size) * 2, 0, 0, group.arg, tag=3),
+                             np.arange(size))
+            assert same_bits(fc.sendrecv(np.arange(size) - 1, 0, 0, group.arg, tag=4),
+                             np.arange(size) + 1)
+
+
+def test_sendrecv_errors(group):
+    n = group.size
+    with pytest.raises(ValueError, match=r"^sendrecv: invalid root rank: expected 0 <= dst"):
+        fc.sendrecv(np.ones(1), n, 0, group.arg)
+    with pytest.raises(TypeError, match=r"^sendrecv: expected src to be an int"):
+        fc.sendrecv(np.ones(1), 0, 0.5, group.arg)
+    with pytest.raises(TypeError, match=r"^sendrecv: expected x to be a numpy.ndarray"):
+        fc.sendrecv([1.0], 0, 0, group.arg)
+    with pytest.raises(ValueError, match=r"^sendrecv: expected tag"):
+        fc.sendrecv(np.ones(1), 0, 0, group.arg, tag=-1)
+
+
+def test_sendrecv_deadline():
+    r, n = fc.get_rank(), fc.get_world_size()
+    fc.init(timeout=30)
+    try:
+        assert fc.sendrecv(np.array([r]), (r + 1) % n, (r - 1) % n).tolist() == [(r - 1) % n]
+        assert fc.sendrecv(np.arange(9000) + r, (r + 1) % n, (r - 1) % n)[0] == (r - 1) % n
+    finally:
+        fc.init(timeout=math.inf)
+
+
+# --- Mesh.shift ---------------------------------------------------------------------------
+
+
+def _shapes(n: int) -> list[tuple[int, ...]]:
+    """Every way to lay ``n`` ranks on 1, 2 and 3 axes (1x1xn, 2x1x1, ...)."""
+    out = []
+    for ndim in (1, 2, 3):
+        out += [s for s in itertools.product(range(1, n + 1), repeat=ndim) if math.prod(s) == n]
+    return out
+
+
+def test_shift_is_cart_shift():
+    """Against MPI's own Cartesian topology, for every mesh shape, axis, disp and period."""
+    comm = fc.world().comm("test")
+    for shape in _shapes(comm.Get_size()):
+        mesh = fc.Mesh(shape, tuple("zyx"[-len(shape):]))
+        for periodic in (False, True):
+            cart = comm.Create_cart(shape, periods=[periodic] * len(shape), reorder=False)
+            for k, name in enumerate(mesh.names):
+                for disp in (1, -1, 2):
+                    src, dst = cart.Shift(k, disp)
+                    got = mesh.shift(name, disp, periodic=periodic)
+                    null = mpi().PROC_NULL
+                    assert got == (None if src == null else src // _stride(shape, k) % shape[k],
+                                   None if dst == null else dst // _stride(shape, k) % shape[k])
+            cart.Free()
+
+
+def _stride(shape: tuple[int, ...], k: int) -> int:
+    return math.prod(shape[k + 1 :])
+
+
+def test_shift_errors():
+    mesh = fc.Mesh((fc.get_world_size(),), ("x",))
+    with pytest.raises(ValueError, match="axis names"):
+        mesh.shift("y")
+    with pytest.raises(TypeError, match="disp"):
+        mesh.shift("x", 1.5)
+    with pytest.raises(TypeError, match="one axis name"):
+        mesh.shift(("x",))
+
+
+# --- halo_exchange -------------------------------------------------------------------------
+
+
+def _grid(shape: tuple[int, ...], mesh_shape: tuple[int, ...], dims: list[int], salt: int = 0,
+          dtype: str = "float64") -> np.ndarray:
+    """The global array (every rank builds the same): distinct values per cell."""
+    size = math.prod(shape)
+    return (np.arange(size, dtype=np.float64).reshape(shape) * 1.5 + salt).astype(dtype)
+
+
+def _bounds(length: int, parts: int, i: int) -> tuple[int, int]:
+    """Rows of block ``i`` of ``length`` split into ``parts`` uneven blocks (earlier larger)."""
+    base, extra = divmod(length, parts)
+    start = i * base + min(i, extra)
+    return start, start + base + (i < extra)
+
+
+def _blocks(full, mesh_shape, coord, dims, widths, periodic):
+    """This rank's block of ``full`` with ghost cells (x's ghosts: a sentinel), and the
+    expected result: ghosts hold the neighbours' cells (wrapping if periodic), else the
+    sentinel. Corners follow from taking the padded global array."""
+    sentinel = -7.0
+    index = [slice(None)] * full.ndim
+    padded_full = full
+    for k, d in enumerate(dims):
+        w = widths[k]
+        if periodic[k]:
+            padded_full = np.concatenate([padded_full.take(range(-w, 0), d), padded_full,
+                                          padded_full.take(range(w), d)], axis=d)
+        else:
+            shape = list(padded_full.shape)
+            shape[d] = w
+            edge = np.full(shape, sentinel, full.dtype)
+            padded_full = np.concatenate([edge, padded_full, edge], axis=d)
+    for k, d in enumerate(dims):
+        a, b = _bounds(full.shape[d], mesh_shape[k], coord[k])
+        index[d] = slice(a, b + 2 * widths[k])
+    expected = padded_full[tuple(index)].copy()
+    x = expected.copy()
+    for k, d in enumerate(dims):
+        w = widths[k]
+        sl = [slice(None)] * x.ndim
+        sl[d] = slice(0, w)
+        x[tuple(sl)] = sentinel
+        sl[d] = slice(x.shape[d] - w, x.shape[d])
+        x[tuple(sl)] = sentinel
+    # non-periodic domain edges keep x's (sentinel) values; corners there take the neighbour's
+    return x, expected
+
+
+CASES = [((30,), [0], [1], [False]), ((30,), [0], [2], [True]),
+         ((13, 11), [0, 1], [1, 1], [False, False]), ((13, 11), [0, 1], [2, 1], [True, False]),
+         ((9, 10), [1, 0], [1, 3], [False, True]),
+         ((7, 8, 9), [0, 1, 2], [1, 1, 2], [False, True, False]),
+         ((6, 9, 8), [2, 0, 1], [1, 2, 1], [True, True, True])]
+
+
+def _mesh_shape(n: int, ndim: int) -> tuple[int, ...]:
+    return {1: (n,), 2: (2, 2) if n == 4 else (n, 1), 3: (2, 2, 1) if n == 4 else (1, n, 1)}[ndim]
+
+
+@pytest.mark.parametrize("shape,dims,widths,periodic", CASES,
+                         ids=[f"{len(c[0])}d-{c[1]}-w{c[2]}-p{c[3]}" for c in CASES])
+def test_halo_matches_the_padded_global_array(shape, dims, widths, periodic):
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, len(dims)), tuple("zyx"[-len(dims):]))
+    full = _grid(shape, mesh.shape, dims)
+    x, expected = _blocks(full, mesh.shape, mesh.coordinate(), dims, widths, periodic)
+    before = x.copy()
+    y = fc.halo_exchange(x, mesh, widths, dims=dims, periodic=periodic)
+    assert same_bits(y, expected)
+    assert same_bits(x, before) and not np.shares_memory(x, y)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int16", "complex128", "bool"])
+@pytest.mark.parametrize("layout", ["fortran", "strided", "readonly"])
+def test_halo_dtypes_and_layouts(dtype, layout):
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    full = _grid((10, 12), mesh.shape, [0, 1], dtype="float64")
+    x, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 2], [True, False])
+    x, expected = x.astype(dtype), expected.astype(dtype)
+    if layout == "fortran":
+        x = np.asfortranarray(x)
+    elif layout == "strided":
+        wide = np.zeros((x.shape[0], 2 * x.shape[1]), dtype)
+        wide[:, ::2] = x
+        x = wide[:, ::2]
+    else:
+        x.flags.writeable = False
+    y = fc.halo_exchange(x, mesh, [1, 2], periodic=[True, False])
+    assert same_bits(y, expected) and y.flags.c_contiguous and y.flags.writeable
+
+
+def test_halo_width_zero_and_sub_mesh():
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    x = np.full((6, 6), float(fc.get_rank()))
+    assert same_bits(fc.halo_exchange(x, mesh, 0), x)
+    row = mesh["x"]  # a 1-D sub-mesh: only the x axis is exchanged
+    full = _grid((3, 12 * row.size), row.shape, [1])
+    x, expected = _blocks(full, row.shape, row.coordinate(), [1], [1], [True])
+    assert same_bits(fc.halo_exchange(x, row, 1, dims=[1], periodic=True), expected)
+
+
+def test_halo_errors():
+    n = fc.get_world_size()
+    mesh = fc.Mesh((n,), ("x",))
+    x = np.zeros(12)
+    with pytest.raises(ValueError, match=r"x.shape\[0\] >= 3 \* width = 15"):
+        fc.halo_exchange(x, mesh, 5)
+    with pytest.raises(TypeError, match=r"expected mesh to be a fcoll\.Mesh"):
+        fc.halo_exchange(x, None, 1)
+    with pytest.raises(TypeError, match="width to be an int"):
+        fc.halo_exchange(x, mesh, 1.0)
+    with pytest.raises(ValueError, match="width >= 0"):
+        fc.halo_exchange(x, mesh, -1)
+    with pytest.raises(ValueError, match="one value or 1"):
+        fc.halo_exchange(x, mesh, [1, 1])
+    with pytest.raises(TypeError, match="periodic to be a bool"):
+        fc.halo_exchange(x, mesh, 1, periodic="yes")
+    with pytest.raises(ValueError, match="distinct dims"):
+        fc.halo_exchange(np.zeros((6, 6)), fc.Mesh(_mesh_shape(n, 2), ("a", "b")), 1, dims=[1, -1])
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        fc.halo_exchange(x, fc.Mesh(_mesh_shape(n, 2), ("a", "b")), 1)
+    with pytest.raises(TypeError, match=r"numpy\.ndarray"):
+        fc.halo_exchange([0.0] * 6, mesh, 1)
+
+
+def test_halo_faces_of_another_size_raise_under_detail(world_size, rank):
+    """Blocks that do not form a grid (rank 0's faces along x are shorter): under
+    debug="detail" every rank raises, before anything is sent."""
+    if world_size < 2:
+        pytest.skip("needs two ranks")
+    mesh = fc.Mesh((1, world_size), ("y", "x"))
+    x = np.zeros((4 if rank == 0 else 5, 6))
+    fc.init(debug="detail")
+    try:
+        with pytest.raises(fc.CollectiveMismatchError, match=r"along axis 'x' \(dim 1\) faces"):
+            fc.halo_exchange(x, mesh, 1, dims=[0, 1])
+        y = fc.halo_exchange(np.full((5, 6), float(rank)), mesh, 1, dims=[0, 1])  # usable
+        assert y[0, 0] == (rank - 1 if rank else 0)
+    finally:
+        fc.init(debug="off")
+
+
+def test_halo_under_deadline_and_detail():
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    full = _grid((8, 9), mesh.shape, [0, 1])
+    x, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 1], [False, True])
+    fc.init(timeout=30, debug="detail")
+    try:
+        assert same_bits(fc.halo_exchange(x, mesh, 1, periodic=[False, True]), expected)
+        if n > 1:
+            with pytest.raises(fc.CollectiveMismatchError, match="halo_exchange"):
+                fc.halo_exchange(x, mesh, 1, periodic=[fc.get_rank() == 0, True])
+    finally:
+        fc.init(timeout=math.inf, debug="off")
+
+
+# --- Group.from_comm ------------------------------------------------------------------------
+
+
+class _PetscLike:
+    """What petsc4py's communicators offer fcoll: ``tompi4py()``."""
+
+    def __init__(self, comm: object) -> None:
+        self._comm = comm
+
+    def tompi4py(self) -> object:
+        return self._comm
+
+
+def test_from_comm():
+    MPI = mpi()
+    r, n = fc.get_rank(), fc.get_world_size()
+    app = MPI.COMM_WORLD.Split(r % 2, -r)  # reversed order: group rank 0 is the highest
+    g = fc.Group.from_comm(app)
+    members = sorted(range(r % 2, n, 2), reverse=True)
+    assert g.ranks == tuple(members) and g.rank == members.index(r) == app.Get_rank()
+    assert fc.all_reduce(np.array([r]), group=g).tolist() == [sum(members)]
+    assert fc.scan(np.array([r]), group=g).tolist() == [sum(members[: g.rank + 1])]
+    # fcoll works on a duplicate: a message the application has in flight on its communicator
+    # never matches fcoll's
+    request = app.isend(("app", r), dest=(g.rank + 1) % g.size, tag=0)
+    fc.sendrecv(np.array([r]), (g.rank + 1) % g.size, (g.rank - 1) % g.size, g)
+    assert app.recv(source=(g.rank - 1) % g.size, tag=0) == ("app", members[(g.rank - 1) % g.size])
+    request.wait()
+    h = fc.Group.from_comm(_PetscLike(MPI.COMM_WORLD), timeout=30)
+    assert h.ranks == tuple(range(n)) and h.timeout == 30
+    assert fc.all_reduce(np.ones(1), group=h).tolist() == [n]
+    g.destroy(), h.destroy()
+    app.Free()
+
+
+def test_from_comm_refuses():
+    MPI = mpi()
+    with pytest.raises(TypeError, match=r"^from_comm: expected an mpi4py.MPI.Intracomm"):
+        fc.Group.from_comm(object())
+    with pytest.raises(TypeError, match="Intracomm"):
+        fc.Group.from_comm(MPI.COMM_NULL)

@@ -1,0 +1,46 @@
+"""torch tensors and JAX arrays (CPU) through scan, exscan, maxloc/minloc, ufunc ops,
+sendrecv and halo_exchange: each result equals the numpy call's bit for bit, with the
+input's array type, at any world size."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import fcoll as fc
+from tests.helpers import data
+from tests.test_interop import kind, same, to_kind  # noqa: F401  (the fixture)
+from tests.test_neighbors import _blocks, _grid, _mesh_shape
+
+
+def test_scan_exscan_and_ufuncs(kind, group):  # noqa: F811
+    x = data(group.rank, (3, 4), "float32", salt=1)
+    t = to_kind(x, kind)
+    same(kind, fc.scan(t, group=group.arg), fc.scan(x, group=group.arg))
+    prefix, total = fc.exscan(t, "max", group.arg, with_total=True)
+    expected = fc.exscan(x, "max", group.arg, with_total=True)
+    same(kind, prefix, expected[0]), same(kind, total, expected[1])
+    same(kind, fc.scan(t, group=group.arg, async_op=True).wait(), fc.scan(x, group=group.arg))
+    same(kind, fc.all_reduce(t, np.logaddexp, group.arg), fc.all_reduce(x, np.logaddexp, group.arg))
+
+
+def test_located(kind, group):  # noqa: F811
+    x = data(group.rank, (5,), "int32", salt=2)
+    values, ranks = fc.minloc(to_kind(x, kind), group.arg)
+    expected, expected_ranks = fc.minloc(x, group.arg)
+    if kind == "jax":
+        import jax
+
+        if not jax.config.jax_enable_x64:  # JAX keeps 64-bit ints as int32 unless enabled
+            expected_ranks = expected_ranks.astype(np.int32)
+    same(kind, values, expected), same(kind, ranks, expected_ranks)
+
+
+def test_sendrecv_and_halo(kind):  # noqa: F811
+    r, n = fc.get_rank(), fc.get_world_size()
+    x = data(r, (2, 3), "int16", salt=3)
+    same(kind, fc.sendrecv(to_kind(x, kind), (r + 1) % n, (r - 1) % n),
+         fc.sendrecv(x, (r + 1) % n, (r - 1) % n))
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    full = _grid((8, 9), mesh.shape, [0, 1], dtype="float32")
+    block, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 1], [True, False])
+    same(kind, fc.halo_exchange(to_kind(block, kind), mesh, 1, periodic=[True, False]), expected)
