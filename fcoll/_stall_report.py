@@ -132,7 +132,9 @@ def abandoned(mine: dict[int, tuple[int, Any]], peers: list[_board.Line], me: in
         if line.rank == me or not line.waiting or line.serial not in mine:
             continue
         last, ranks = mine[line.serial]
-        if last < line.seq:
+        # Serials are agreed among a group's members only: disjoint groups (a split) may
+        # share one. The peer waits in this rank's group only if it is a member of it.
+        if line.rank in ranks and last < line.seq:
             return (f"[rank {me}] fcoll: this rank's script ended ({reason}) while rank {line.rank} "
                     f"waits in {line.op} (call #{line.seq} on group {list(ranks)}), a call this rank "
                     f"never made (its last on that group: #{last}): ending the job so that rank "

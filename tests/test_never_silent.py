@@ -121,6 +121,25 @@ def test_a_rank_that_ends_normally_while_others_wait_ends_the_job(tmp_path, n):
 # -- stalls report themselves ------------------------------------------------------------
 
 
+def test_a_rank_that_ends_is_not_confused_with_a_group_it_is_not_in(tmp_path):
+    """A split makes disjoint groups whose members agree on the same serial: rank 1 ends
+    (its group [1] made no call) 2 s in, while rank 0 has waited since the start in a call
+    on group [0, 2] (rank 2 comes at 3.5 s). Nobody waits for rank 1: the job must finish
+    normally."""
+    code, out, _ = _job(tmp_path, """
+        g = fc.world().split(1 if r == 1 else 0)
+        if r == 1:
+            time.sleep(2)                  # rank 0's watch has published its wait by now
+        else:
+            if r == 2:
+                time.sleep(3.5)
+            assert fc.all_reduce(np.ones(2), group=g)[0] == 2
+        print(f"rank {r} done", flush=True)
+    """, 3)
+    assert code == 0, out
+    assert all(f"rank {k} done" in out for k in range(3)) and "ending the job" not in out, out
+
+
 def test_the_stall_report_names_the_call_and_the_peers(tmp_path):
     code, out, _ = _job(tmp_path, """
         fc.all_reduce(np.ones(3))
