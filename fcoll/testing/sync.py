@@ -47,6 +47,15 @@ def _where(frame: FrameType) -> str:
     return f"{text}: `{line}`" if line else text
 
 
+# What a call is doing, by the file of the innermost Python frame (the compiled core's wait
+# has no frame of its own: it shows as the fast path's closure or the segment's method).
+_HOW = {"mpi.py": "blocked inside MPI", "work.py": "polling it until its deadline",
+        "_board.py": "blocked inside MPI (making the group's on-node shared-memory segment)",
+        "_segment.py": "waiting for its peers in the on-node shared-memory segment",
+        "shm.py": "waiting for its peers in the on-node shared-memory segment",
+        "_fast.py": "in its fast path (blocked inside MPI or waiting in the on-node segment)"}
+
+
 def describe(frame: FrameType | None) -> str:
     """What the thread whose innermost frame is ``frame`` is doing, from fcoll's point of
     view: the fcoll call in progress (op, group, call number) or the code outside fcoll."""
@@ -63,8 +72,7 @@ def describe(frame: FrameType | None) -> str:
     groups = [v for f in inside for v in f.f_locals.values() if isinstance(v, Group)]
     on = f" (call #{groups[0].seq} on group ranks {list(groups[0].ranks)})" if groups else ""
     innermost = Path(frames[0].f_code.co_filename).name
-    how = {"mpi.py": "blocked inside MPI", "work.py": "polling it until its deadline"}.get(
-        innermost, f"at {_where(frames[0])}")
+    how = _HOW.get(innermost, f"at {_where(frames[0])}")
     caller = frames[frames.index(outer) + 1] if frames.index(outer) + 1 < len(frames) else None
     called = f", called at {_where(caller)}" if caller is not None else ""
     return f"in fcoll {outer.f_code.co_name}{on}, {how}{called}"
