@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +47,15 @@ import pytest
 import fcoll
 from fcoll import _abort
 from fcoll._runtime import mpi
-from fcoll.testing import pytest_mpi
+from fcoll.testing import child, markers, pytest_mpi, spawn
 from fcoll.testing import sync as syncing
 from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
 from fcoll.testing.fixtures import SESSION as _KEY
-from fcoll.testing.fixtures import mpi_file_name, mpi_tmp_path, mpi_tmpdir
+from fcoll.testing.fixtures import _fcoll_nprocs, mpi_file_name, mpi_tmp_path, mpi_tmpdir
 from fcoll.testing.pytest_mpi import pytest_addhooks
 
 # The fixtures and pytest_addhooks are found here by pytest, as attributes of the plugin.
-__all__ = ["RaisesInfo", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
+__all__ = ["RaisesInfo", "_fcoll_nprocs", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
            "parallel_raises", "pytest_addhooks"]
 
 DEFAULT_TIMEOUT = 240.0
@@ -68,6 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     help_text = (f"seconds a test may take on all ranks before it is reported as hung and the "
                  f"job ends (default {DEFAULT_TIMEOUT:g}; env {TIMEOUT_ENV})")
     group.addoption("--mpi-timeout", type=float, default=None, dest="mpi_timeout", help=help_text)
+    group.addoption("--no-mpi-spawn", action="store_true", default=False, dest="no_mpi_spawn",
+                    help=f"not under a launcher, skip the tests marked mpi instead of running "
+                         f"them in MPI jobs of their sizes (env {spawn.ENV}=0)")
     parser.addini("mpi_timeout", help_text, default=None)
 
 
@@ -92,12 +95,28 @@ def _limit(config: pytest.Config) -> float:
 def pytest_configure(config: pytest.Config) -> None:
     _abort.under_testing()  # failures are reported here, not by ending the job
     config.addinivalue_line(
-        "markers", "mpi(min_size=None, max_size=None, timeout=None): run only at MPI world "
-        "sizes in [min_size, max_size]; timeout overrides mpi_timeout for this test")
+        "markers", "mpi(min_size=None, max_size=None, timeout=None, nprocs=None): run only at "
+        "MPI world sizes in [min_size, max_size] (and in nprocs); without a launcher, run in "
+        "MPI jobs of each size in nprocs (else min_size, else 2); timeout overrides mpi_timeout")
     pytest_mpi.add_markers(config)
     session = MPISession(config)
     config.stash[_KEY] = session
     config.pluginmanager.register(session, "fcoll.testing.session")
+    if session.mode == "spawn":
+        config.pluginmanager.register(spawn.Spawner(config, session), "fcoll.testing.spawn")
+    where = child.folder()
+    if session.mode == "child" and where is not None:
+        job = child.Child(config, where, session.rank)
+        session.emitters.append(job.hang)
+        config.pluginmanager.register(job, "fcoll.testing.child")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Without a launcher (and in the jobs it starts), a marked test becomes one test per
+    world size, ``test_x[n=2]`` (`fcoll.testing.spawn`)."""
+    if metafunc.config.stash[_KEY].mode in ("spawn", "child"):
+        spawn.parametrize(metafunc)
 
 
 def _silence_stdout() -> None:
@@ -136,6 +155,8 @@ class MPISession:
                                     else None, root=0)
         self.hypothesis = _hypothesis_profile(config, self.seed)
         self.watch = syncing.Watchdog(self.comm, None, self._emit)
+        self.mode = spawn.mode(config, self.size)  # "spawn": the parent of MPI jobs
+        self.emitters: list[Callable[[str, dict[int, str]], None]] = []  # also told of a hang
 
     def _emit(self, label: str, texts: dict[int, str]) -> None:
         """Rank 0's watchdog thread: print the report of a hang that stopped rank 0 itself
@@ -146,6 +167,8 @@ class MPISession:
         text = (f"\n{' fcoll.testing: hang ':=^80}\n{body.strip()}\n"
                 f"{' short test summary info ':=^80}\n{failed}")
         os.write(self.stdout, text.encode(errors="replace"))
+        for emit in self.emitters:
+            emit(label, texts)
 
     def pytest_report_header(self) -> str:
         MPI = mpi()
@@ -212,23 +235,25 @@ class MPISession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        if self.mode == "spawn" and spawn.size_of(item) is not None:
+            return (yield)  # a job runs it (`spawn.Spawner`)
         self.index += 1
-        marker = item.get_closest_marker("mpi")
-        limit = marker.kwargs.get("timeout") if marker is not None else None
-        self.watch.arm(item.nodeid, self.index,
-                       float(limit) if isinstance(limit, (int, float)) else self.limit)
+        self.watch.arm(item.nodeid, self.index, markers.limit(item.get_closest_marker("mpi"),
+                                                              self.limit))
         return (yield)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         only_mpi = bool(self.config.getoption("--only-mpi"))
         for item in items:
             marker = item.get_closest_marker("mpi")
-            skip = _check_marker(marker, self.size)[1] if marker is not None else None
+            if self.mode == "spawn" and spawn.size_of(item) is not None:
+                continue  # its job applies the markers
+            skip = markers.check(marker, self.size)[1] if marker is not None else None
             pytest_mpi.mark(item, skip, only_mpi)
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         marker = item.get_closest_marker("mpi")
-        error = _check_marker(marker, self.size)[0] if marker is not None else None
+        error = markers.check(marker, self.size)[0] if marker is not None else None
         if error is not None:
             pytest.fail(error, pytrace=False)
 
@@ -334,25 +359,6 @@ class MPISession:
             report.location = (path, line, f"{domain}@rank{rank}")
         report.mpi_rank = rank
         return report
-
-
-def _check_marker(marker: pytest.Mark, size: int) -> tuple[str | None, str | None]:
-    """``(error, skip reason)`` of an ``mpi`` marker at world size ``size``."""
-    unknown = set(marker.kwargs) - {"min_size", "max_size", "timeout"}
-    if marker.args or unknown:
-        return (f"mpi marker: expected keyword arguments min_size, max_size, timeout, got "
-                f"{marker.args or ''}{sorted(unknown) if unknown else ''}"), None
-    for name in ("min_size", "max_size", "timeout"):
-        value = marker.kwargs.get(name)
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                  or value <= 0):
-            return f"mpi marker: expected {name} to be a positive number, got {value!r}", None
-    low, high = marker.kwargs.get("min_size"), marker.kwargs.get("max_size")
-    if low is not None and size < low:
-        return None, f"needs an MPI world size >= {low}, got {size} (run under mpiexec -n {low})"
-    if high is not None and size > high:
-        return None, f"needs an MPI world size <= {high}, got {size}"
-    return None, None
 
 
 def _compare_collections(lists: list[list[str]]) -> str | None:
