@@ -20,6 +20,9 @@ read like one run (details in ``docs/testing.md``):
   on every rank together, so one rank's exception does not leave the others waiting.
 - Hypothesis draws the same examples on every rank: one seed, chosen by rank 0, and a
   profile without example database or deadline.
+- Without a launcher (a plain ``pytest``, an IDE's test explorer), the marked tests run
+  in MPI jobs the session starts, one per world size (``nprocs=[2, 4]``, else
+  ``min_size``, else 2), each reported as ``test_x[n=2]`` (`fcoll.testing.spawn`).
 - Suites written for pytest-mpi run with the same meaning (its ``mpi`` marker, the
   ``mpi_skip``/``mpi_xfail``/``mpi_break`` markers, ``--with-mpi``/``--only-mpi`` and the
   ``mpi_tmpdir``/``mpi_file_name`` fixtures). When pytest-mpi is installed too, this plugin
@@ -47,7 +50,7 @@ import pytest
 import fcoll
 from fcoll import _abort
 from fcoll._runtime import mpi
-from fcoll.testing import child, markers, pytest_mpi, spawn
+from fcoll.testing import agree, child, markers, pytest_mpi, spawn
 from fcoll.testing import sync as syncing
 from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
 from fcoll.testing.fixtures import SESSION as _KEY
@@ -153,7 +156,7 @@ class MPISession:
             config.option.basetemp = str(base / f"rank{self.rank}")
         self.seed = self.comm.bcast(random.SystemRandom().randrange(2**32) if self.rank == 0
                                     else None, root=0)
-        self.hypothesis = _hypothesis_profile(config, self.seed)
+        self.hypothesis = agree.hypothesis_profile(config, self.seed)
         self.watch = syncing.Watchdog(self.comm, None, self._emit)
         self.mode = spawn.mode(config, self.size)  # "spawn": the parent of MPI jobs
         self.emitters: list[Callable[[str, dict[int, str]], None]] = []  # also told of a hang
@@ -224,7 +227,7 @@ class MPISession:
         if errors and not self.config.option.continue_on_collection_errors:
             self.mismatch = f"errors during collection on ranks {errors}"
         else:
-            self.mismatch = _compare_collections([ids for _, ids in everyone])
+            self.mismatch = agree.compare_collections([ids for _, ids in everyone])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -359,36 +362,3 @@ class MPISession:
             report.location = (path, line, f"{domain}@rank{rank}")
         report.mpi_rank = rank
         return report
-
-
-def _compare_collections(lists: list[list[str]]) -> str | None:
-    """None when every rank collected the same tests in the same order, else why not."""
-    first = lists[0]
-    for rank, ids in enumerate(lists):
-        if ids != first:
-            at = next((i for i, (a, b) in enumerate(zip(first, ids, strict=False)) if a != b),
-                      min(len(first), len(ids)))
-            return (f"the ranks collected different tests (rank 0: {len(first)}, rank {rank}: "
-                    f"{len(ids)}; first difference at position {at}: "
-                    f"{first[at] if at < len(first) else None!r} vs "
-                    f"{ids[at] if at < len(ids) else None!r}); collection must not depend on the "
-                    "rank: skip inside the test or with a marker instead")
-    return None
-
-
-def _hypothesis_profile(config: pytest.Config, seed: int) -> str | None:
-    """Make Hypothesis draw the same examples on every rank; returns the header line."""
-    try:
-        from hypothesis import HealthCheck, settings
-    except ImportError:
-        return None
-    current = settings()
-    settings.register_profile(
-        "fcoll.testing", parent=current, database=None, deadline=None,
-        suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow])
-    settings.load_profile("fcoll.testing")
-    if getattr(config.option, "hypothesis_seed", "absent") is None:
-        config.option.hypothesis_seed = str(seed)
-    chosen = getattr(config.option, "hypothesis_seed", seed)
-    return (f"hypothesis seed {chosen} on every rank (rerun with --hypothesis-seed={chosen}); "
-            "profile 'fcoll.testing': no database, no deadline")
