@@ -2,7 +2,9 @@
 # One command for a machine with a GPU (docs/gpu.md, "Checking a GPU machine"):
 #   1. the GPU tests (tests/test_gpu.py, tests/test_gpu_*.py) at n=1 on NCCL, at n=1 on the
 #      MPI transport and at n=2 on the MPI transport (FCOLL_GPU_TRANSPORT=nccl|mpi);
-#   2. python -m fcoll check --array cupy at n=1 (the default transport) and n=2 (MPI);
+#   2. python -m fcoll check --array cupy at n=1 (the default transport) and n=2 (MPI), then
+#      python -m fcoll check --gpu at n=1 and n=2 (each route a cupy buffer can take, tried,
+#      and the route of every collective, traced, with the setting that would be faster);
 #   3. bench/bench_gpu.py, as it is (BENCH_ARGS="..." passes options).
 # Then one summary line per part; the exit status is 1 if any part failed (or no GPU).
 #
@@ -143,6 +145,23 @@ for part in "1 auto" "2 mpi"; do
     summary+=("$name: ok (${line:-no summary})")
   else
     summary+=("$name: FAILED (exit $code; ${line:-no summary}; log $logs/check-n$n-$transport.log)")
+    status=1
+  fi
+done
+
+for n in 1 2; do
+  name="check --gpu n=$n"
+  if [ "$devices" -eq 0 ]; then
+    summary+=("$name: skipped (no GPU)")
+    continue
+  fi
+  PYTHONPATH=$site run "check-gpu-n$n" "$PYTHON" -m fcoll check --gpu -n "$n" --timeout "$limit"
+  code=$?
+  line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$logs/check-gpu-n$n.log" | tail -n 1)
+  if [ "$code" -eq 0 ]; then
+    summary+=("$name: ok (${line:-no summary}; routes in $logs/check-gpu-n$n.log)")
+  else
+    summary+=("$name: FAILED (exit $code; ${line:-no summary}; log $logs/check-gpu-n$n.log)")
     status=1
   fi
 done
