@@ -24,11 +24,12 @@ from fcoll.gpu import route
 ROUTES = ("nccl", "aware", "staged")  # fastest first
 NCCL_SERVES = {*route.NCCL, "scatter"}  # scatter goes to NCCL through `route.scatter`
 _GPU = Path(route.__file__).resolve().parent
-# Files of each route; nccl.py's helpers that only probe or bootstrap do not count.
+# The functions through which each route moves data (the Backend protocol's, NCCL's grouped
+# and point-to-point ones, the NCCL fast paths' closures, the host copies of staged calls):
+# probes and helpers do not count.
+_MOVING = {"allreduce", "reduce", "reduce_scatter_block", "bcast", "allgather", "alltoall",
+           "alltoallv", "exchange", "grouped", "communicator_for", "run", "to_host", "to_device"}
 _FILES = {"nccl": ("nccl.py", "fast.py"), "aware": ("aware.py",), "staged": ("staged.py",)}
-_NOT_MOVING = {"module", "available", "why_unavailable", "version", "forget", "stream_ptr",
-               "local_device", "sharing", "describe", "wait", "abort", "learn", "reset"}
-
 
 @dataclass(frozen=True)
 class Facts:
@@ -83,7 +84,7 @@ def taken(call: Callable[[], Any]) -> str:
     entered: set[str] = set()
 
     def note(frame: FrameType, event: str, arg: object) -> None:
-        if event != "call" or frame.f_code.co_name in _NOT_MOVING:
+        if event != "call" or frame.f_code.co_name not in _MOVING:
             return
         path = Path(frame.f_code.co_filename)
         if path.parent == _GPU:
