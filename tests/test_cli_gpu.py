@@ -60,6 +60,16 @@ def test_nccl_and_a_gpu_per_rank():
 
 
 @spawns
+def test_one_rank_where_some_calls_move_nothing():
+    done = _check_gpu(1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " ".join(_route(done.stdout, "permute_tensor")) == (
+        "permute_tensor local nothing leaves this rank in this call: fcoll copies on the device, "
+        "no transport"), done.stdout
+    assert _route(done.stdout, "all_reduce")[1] == "nccl", done.stdout
+
+
+@spawns
 def test_ranks_sharing_a_gpu_with_cuda_aware_mpi():
     done = _check_gpu(2, FAKE_CUPY_DEVICES="1", FCOLL_CUDA_AWARE_MPI="1")
     out = done.stdout
@@ -122,7 +132,7 @@ def test_the_tracer_sees_the_route_a_call_takes(cupy, monkeypatch, transport):
     group = fc.world().split(color=0)  # a group of its own: no NCCL state left on the world
     way = taken(lambda: fc.broadcast(x, src=0, group=group))
     assert way == ("nccl" if transport == "auto" else "staged")
-    assert taken(lambda: fc.get_rank()) == "none"
+    assert taken(lambda: fc.get_rank()) == "local"
 
 
 FACTS = Facts(setting="auto", nccl=None, nccl_why="no libnccl", shared=None, aware=False,

@@ -153,7 +153,7 @@ def _route_lines(known: Facts, ways: list[dict[str, str]]) -> tuple[list[str], i
         seen = {w[name] for w in ways}
         way = seen.pop() if len(seen) == 1 else "mixed: " + ", ".join(
             f"rank {r} {w[name]}" for r, w in enumerate(ways))
-        bad = way.startswith(("error", "mixed", "none"))
+        bad = way.startswith(("error", "mixed"))
         failed, passed = failed + bad, passed + (not bad)
         lines.append(f"{name:<{width}}  {way:<7} {'' if bad else why(name, way, known)}".rstrip())
         if not bad and (hint := faster(name, way, known)):

@@ -75,7 +75,7 @@ def calls(rank: int, size: int, xp: Any) -> dict[str, Callable[[], Any]]:
 
 def taken(call: Callable[[], Any]) -> str:
     """The route ``call`` took: "staged" if it copied through host memory, else "nccl" or
-    "aware" (the device transport it entered), else "none".
+    "aware" (the device transport it entered), else "local" (nothing left the rank).
 
     Example:
         >>> taken(lambda: fc.broadcast(cupy.ones(4)))       # cupy with NCCL, one GPU per rank
@@ -96,7 +96,7 @@ def taken(call: Callable[[], Any]) -> str:
         call()
     finally:
         sys.setprofile(previous)
-    return next((r for r in ("staged", "nccl", "aware") if r in entered), "none")
+    return next((r for r in ("staged", "nccl", "aware") if r in entered), "local")
 
 
 def why(name: str, way: str, facts: Facts) -> str:
@@ -110,8 +110,10 @@ def why(name: str, way: str, facts: Facts) -> str:
         return "cupy has NCCL and every rank of the group has a GPU of its own"
     if way == "aware":
         return f"CUDA-aware MPI takes the device buffers ({_no_nccl(facts)})"
+    if way == "local":
+        return "nothing leaves this rank in this call: fcoll copies on the device, no transport"
     if way != "staged":
-        return "no device transport was entered"
+        return f"unknown route {way!r}"
     if _on_nccl(facts):
         return f"NCCL has no {name}: fcoll runs it on host copies"
     if facts.aware and name in route.AWARE:
