@@ -43,7 +43,12 @@ def _aware_why() -> str:
 
 
 def facts(comm: Any) -> Facts:
-    """What decides the routes here, from every rank (collective over ``comm``)."""
+    """What decides the routes here, from every rank (collective over ``comm``).
+
+    Example:
+        >>> facts(comm).shared                    # two ranks on one GPU
+        'ranks 0 and 1 share a GPU'
+    """
     import cupy
 
     MPI = mpi()
@@ -73,7 +78,12 @@ def _unavailable(way: str, known: Facts) -> str | None:
 
 
 def round_trip(way: str, rank: int, size: int) -> tuple[str | None, float]:
-    """A cupy buffer through route ``way`` and back: ``(error or None, µs per all_reduce)``."""
+    """A cupy buffer through route ``way`` and back: ``(error or None, µs per all_reduce)``.
+
+    Example:
+        >>> round_trip("staged", rank, size)
+        (None, 58.4)
+    """
     import cupy
 
     backend = _BACKENDS[way]
@@ -186,7 +196,12 @@ def report(known: Facts, trips: list[list[tuple[str, str | None, float]]],
 
 
 def main_gpu(comm: Any) -> int:
-    """The ``--gpu`` job on every rank; rank 0 prints the report. Returns the exit code."""
+    """The ``--gpu`` job on every rank; rank 0 prints the report. Returns the exit code.
+
+    Example:
+        >>> main_gpu(mpi().COMM_WORLD)            # on every rank of the job
+        0
+    """
     import fcoll.gpu
 
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -33,7 +33,11 @@ _FILES = {"nccl": ("nccl.py", "fast.py"), "aware": ("aware.py",), "staged": ("st
 
 @dataclass(frozen=True)
 class Facts:
-    """What decides the routes on this machine and group (the same on every rank)."""
+    """What decides the routes on this machine and group (the same on every rank).
+
+    Example:
+        >>> Facts("auto", "2.28.3", "", None, False, "the MPI library says no", "Open MPI").shared
+    """
 
     setting: str  # FCOLL_GPU_TRANSPORT: auto, nccl or mpi
     nccl: str | None  # NCCL's version, or None when cupy has no usable NCCL

@@ -29,13 +29,23 @@ _RANK = re.compile(r"@rank(\d+)$")
 
 
 def folder() -> Path | None:
-    """The job's folder when this process is a rank of a job spawn mode started, else None."""
+    """The job's folder when this process is a rank of a job spawn mode started, else None.
+
+    Example:
+        >>> folder()                              # FCOLL_TESTING_JOB=/tmp/spawn0/n2-1
+        PosixPath('/tmp/spawn0/n2-1')
+    """
     value = os.environ.get(JOB_ENV, "").strip()
     return Path(value) if value else None
 
 
 def rank_of(report: Any) -> int:
-    """The rank a report comes from: fcoll.testing's mark, else its ``@rankK`` suffix, else 0."""
+    """The rank a report comes from: fcoll.testing's mark, else its ``@rankK`` suffix, else 0.
+
+    Example:
+        >>> rank_of(report)                       # report.nodeid == "t.py::test_x@rank2"
+        2
+    """
     rank = getattr(report, "mpi_rank", None)
     if isinstance(rank, int):
         return rank

@@ -49,7 +49,12 @@ sys.exit(code)
 
 @dataclass
 class Outcome:
-    """What a job says of one test: its records, and why it stopped first, if it did."""
+    """What a job says of one test: its records, and why it stopped first, if it did.
+
+    Example:
+        >>> job.wait("test_a.py::test_x[n=2]", 240.0, 10.0).problem is None
+        True
+    """
 
     records: list[dict[str, Any]]
     problem: str | None = None
@@ -57,7 +62,12 @@ class Outcome:
 
 @dataclass
 class Job:
-    """A running (or ended) job of ``size`` ranks for the tests ``ids``, in ``where``."""
+    """A running (or ended) job of ``size`` ranks for the tests ``ids``, in ``where``.
+
+    Example:
+        >>> job = Job.start(command(["mpiexec"], 2, args), env, 2, ids, where, Path.cwd())
+        >>> [job.wait(nodeid, 240.0, 10.0) for nodeid in ids]; job.stop()
+    """
 
     size: int
     ids: list[str]
@@ -183,7 +193,12 @@ class Job:
 
 def environment(job_folder: Path, coverage: str | None) -> dict[str, str]:
     """This process's environment for a job's ranks: the launcher's and pytest's variables
-    dropped, the job's folder and coverage settings added, this fcoll first on the path."""
+    dropped, the job's folder and coverage settings added, this fcoll first on the path.
+
+    Example:
+        >>> environment(Path("/tmp/spawn0/n2-1"), None)["FCOLL_TESTING_JOB"]
+        '/tmp/spawn0/n2-1'
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(_DROP)}
     root = str(Path(__file__).resolve().parents[2])  # the folder holding this fcoll
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
@@ -194,5 +209,10 @@ def environment(job_folder: Path, coverage: str | None) -> dict[str, str]:
 
 
 def command(launcher: list[str], size: int, arguments: list[str]) -> list[str]:
-    """``mpiexec [flags] -n size python -c BOOT arguments...``."""
+    """``mpiexec [flags] -n size python -c BOOT arguments...``.
+
+    Example:
+        >>> command(["mpiexec"], 2, ["test_x.py"])[:3]
+        ['mpiexec', '-n', '2']
+    """
     return [*launcher, "-n", str(size), sys.executable, "-c", BOOT, *arguments]

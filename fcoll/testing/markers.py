@@ -99,6 +99,11 @@ def check(marker: pytest.Mark, size: int) -> tuple[str | None, str | None]:
 
 
 def limit(marker: pytest.Mark | None, default: float) -> float:
-    """The time limit of a test with ``marker``: its ``timeout``, else ``default``."""
+    """The time limit of a test with ``marker``: its ``timeout``, else ``default``.
+
+    Example:
+        >>> limit(pytest.mark.mpi(timeout=30).mark, 240.0), limit(None, 240.0)
+        (30.0, 240.0)
+    """
     value: Any = marker.kwargs.get("timeout") if marker is not None else None
     return float(value) if _positive(value) else default

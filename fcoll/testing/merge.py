@@ -23,7 +23,12 @@ JOB = -1  # the "rank" of a failure of the job as a whole (it ended, or gave no 
 
 
 def label(rank: int) -> str:
-    """``@rank2``, or ``the job`` for `JOB`."""
+    """``@rank2``, or ``the job`` for `JOB`.
+
+    Example:
+        >>> label(2), label(JOB)
+        ('@rank2', 'the job')
+    """
     return "the job" if rank == JOB else f"@rank{rank}"
 
 

@@ -50,7 +50,12 @@ def mode(config: pytest.Config, size: int) -> str:
 
 
 def parametrize(metafunc: pytest.Metafunc) -> None:
-    """Parametrize a test with a well-formed ``mpi`` marker by its world sizes (``[n=2]``)."""
+    """Parametrize a test with a well-formed ``mpi`` marker by its world sizes (``[n=2]``).
+
+    Example:
+        >>> parametrize(metafunc)      # @pytest.mark.mpi(nprocs=[2, 4]) def test_x(): ...
+        >>> # collected: test_x[n=2], test_x[n=4]
+    """
     marker = metafunc.definition.get_closest_marker("mpi")
     if marker is None or markers.error(marker) is not None:
         return  # a bad marker fails the test in the parent, with the marker's message
@@ -60,7 +65,12 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
 
 
 def size_of(item: pytest.Item) -> int | None:
-    """The world size spawn mode runs ``item`` at, or None for a test the parent runs."""
+    """The world size spawn mode runs ``item`` at, or None for a test the parent runs.
+
+    Example:
+        >>> [size_of(item) for item in session.items]     # test_serial, test_x[n=2]
+        [None, 2]
+    """
     callspec = getattr(item, "callspec", None)
     value = callspec.params.get(SIZE) if callspec is not None else None
     return value if isinstance(value, int) else None
@@ -68,7 +78,12 @@ def size_of(item: pytest.Item) -> int | None:
 
 def arguments(config: pytest.Config, where: Path, files: list[str]) -> list[str]:
     """pytest's arguments for a job: the parent's plugins, configuration and the options
-    that shape a test's result or report; no selection, junit, cache or coverage report."""
+    that shape a test's result or report; no selection, junit, cache or coverage report.
+
+    Example:
+        >>> arguments(config, Path("/tmp/spawn0/n2-1"), ["/src/tests/test_x.py"])[:4]
+        ['-p', 'fcoll.testing', '--rootdir', '/src']
+    """
     option = config.option
     args = ["-p", "fcoll.testing", "--rootdir", str(config.rootpath)]
     args += [arg for name in option.plugins or [] if name != "vscode_pytest" for arg in ("-p", name)]
@@ -93,7 +108,12 @@ def arguments(config: pytest.Config, where: Path, files: list[str]) -> list[str]
 
 
 def coverage_settings(config: pytest.Config) -> str | None:
-    """pytest-cov's settings in the parent, for the ranks' own coverage (JSON), or None."""
+    """pytest-cov's settings in the parent, for the ranks' own coverage (JSON), or None.
+
+    Example:
+        >>> coverage_settings(config)            # pytest --cov=pkg
+        '{"data_file": "/src/.coverage", "config_file": false, "source": ["/src/pkg"], ...}'
+    """
     if not config.pluginmanager.has_plugin("_cov") or getattr(config.option, "no_cov", False):
         return None
     try:
@@ -112,7 +132,12 @@ def coverage_settings(config: pytest.Config) -> str | None:
 
 def launcher() -> tuple[list[str], dict[str, str]]:
     """The launcher with its flags, and the variables it needs, for the MPI that mpi4py
-    loaded (found as ``python -m fcoll info`` finds it)."""
+    loaded (found as ``python -m fcoll info`` finds it).
+
+    Example:
+        >>> launcher()                           # the mpich wheel's venv
+        (['/src/.venv/bin/mpiexec'], {})
+    """
     library = _launcher.family(str(mpi().get_vendor()[0]))
     found = _launcher.pick_launcher(library)
     if not found:
@@ -126,7 +151,11 @@ def launcher() -> tuple[list[str], dict[str, str]]:
 
 class Spawner:
     """The parent session's side of spawn mode (registered by `fcoll.testing.pytest_configure`
-    next to its `fcoll.testing.MPISession`, whose limit and failure count it shares)."""
+    next to its `fcoll.testing.MPISession`, whose limit and failure count it shares).
+
+    Example:
+        >>> config.pluginmanager.register(Spawner(config, session), "fcoll.testing.spawn")
+    """
 
     def __init__(self, config: pytest.Config, session: Any) -> None:
         self.config, self.session = config, session
