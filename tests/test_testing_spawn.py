@@ -161,6 +161,29 @@ def test_a_hang_fails_that_test_and_the_rest_run_in_a_new_job(tmp_path):
 
 
 @spawns
+def test_a_job_that_gives_no_sign_is_ended_and_the_rest_go_on(tmp_path):
+    """Ranks stopped outright (their watchdogs too) cannot report: the session ends the job
+    after the test's limit and the grace (FCOLL_TEST_SPAWN_GRACE), and fails that test."""
+    run = _pytest(_write(tmp_path / "q", **{"test_q.py": """
+        import os, signal, pytest
+
+        @pytest.mark.mpi
+        def test_frozen():
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        @pytest.mark.mpi
+        def test_after():
+            pass
+    """}), limit=1, FCOLL_TEST_SPAWN_GRACE="2")
+    assert "FAILED test_q.py::test_frozen[n=2] - the job: the job of 2 ranks gave no sign for " \
+           "7 s (limit 1 s); it was ended" in run.out, run.out
+    assert "PASSED test_q.py::test_after[n=2]" in run.out and run.code == 1, run.out
+    bad = _pytest(tmp_path / "q", FCOLL_TEST_SPAWN_GRACE="soon")
+    assert "FCOLL_TEST_SPAWN_GRACE: expected a positive number of seconds, got 'soon'" in bad.out
+    assert bad.code == 4, bad.out
+
+
+@spawns
 def test_k_x_and_last_failed_select_as_usual(tmp_path):
     folder = _write(tmp_path / "s", **{"test_s.py": SUITE})
     cache = ["-p", "cacheprovider", "-o", f"cache_dir={tmp_path / 'cache'}"]

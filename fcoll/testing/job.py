@@ -29,6 +29,7 @@ COVERAGE_ENV = "FCOLL_TESTING_COVERAGE"
 _DROP = ("PMI_", "HYDRA_", "MPI_LOCAL", "OMPI_COMM_WORLD", "PMIX_", "PYTEST_ADDOPTS",
          "PYTEST_CURRENT_TEST")
 STARTUP = 30.0  # seconds a job may take to start and to end after a hang, on top of the limits
+STARTUP_ENV = "FCOLL_TEST_SPAWN_GRACE"  # sets STARTUP (`startup`)
 BOOT = """
 import json, os, sys
 cov = None
@@ -104,8 +105,9 @@ class Job:
         return self.process is not None and self.process.poll() is None
 
     def _read(self) -> None:
-        """Take in the records written since the last look."""
-        assert self.reader is not None
+        """Take in the records written since the last look (none once it is stopped)."""
+        if self.reader is None:
+            return
         text = self.partial + self.reader.read()
         lines = text.split("\n")
         self.partial = lines.pop()
@@ -126,9 +128,9 @@ class Job:
         elif kind == "collect":
             self.notes.append(f"collection error on rank {record['rank']}: {record['text']}")
 
-    def wait(self, nodeid: str, limit: float, grace: float) -> Outcome:
+    def wait(self, nodeid: str, limit: float, grace: float, extra: float = STARTUP) -> Outcome:
         """The records of test ``nodeid`` once the job has finished it; else (the job ended, or
-        gave no sign for ``limit`` + ``4 * grace`` + `STARTUP` seconds, after which it is
+        gave no sign for ``limit`` + ``4 * grace`` + ``extra`` seconds, after which it is
         ended) what it recorded, and why it stopped."""
         if self.error is not None:
             return Outcome([], self.error)
@@ -144,7 +146,7 @@ class Job:
                     return Outcome(self.records.pop(nodeid, []))
                 return Outcome(self.records.pop(nodeid, []), self._ended(nodeid))
             quiet = time.monotonic() - self.last
-            if quiet > limit + 4 * grace + STARTUP:
+            if quiet > limit + 4 * grace + extra:
                 self.stop()
                 return Outcome(self.records.pop(nodeid, []),
                                f"the job of {self.size} ranks gave no sign for {quiet:.0f} s "
@@ -189,6 +191,25 @@ class Job:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+
+
+def startup() -> float:
+    """`STARTUP`, or ``FCOLL_TEST_SPAWN_GRACE`` seconds when set; `ValueError` naming it if bad.
+
+    Example:
+        >>> startup()                             # FCOLL_TEST_SPAWN_GRACE unset
+        30.0
+    """
+    value = os.environ.get(STARTUP_ENV, "").strip()
+    if not value:
+        return STARTUP
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{STARTUP_ENV}: expected a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def environment(job_folder: Path, coverage: str | None) -> dict[str, str]:

@@ -163,6 +163,10 @@ class Spawner:
         self.queues: dict[int, list[pytest.Item]] = {}  # the spawned tests of each size, in order
         self.started = 0
         self.base: Path | None = None
+        try:
+            self.extra = job.startup()  # seconds a silent job gets past a test's limits
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
 
     def pytest_report_header(self) -> str:
         return ("fcoll.testing: not under a launcher: tests marked mpi run in MPI jobs this "
@@ -208,8 +212,10 @@ class Spawner:
             current = self.jobs.get(size)
             if current is None or (not current.alive and current.started
                                    and item.nodeid not in current.done):
+                if current is not None:
+                    current.stop()  # it ended: close its records
                 current = self.jobs[size] = self._start(size, item)
-            outcome = current.wait(item.nodeid, limit, grace_seconds(limit))
+            outcome = current.wait(item.nodeid, limit, grace_seconds(limit), self.extra)
             if outcome.problem is None or item.nodeid in current.started or not current.started:
                 return outcome
         return outcome
