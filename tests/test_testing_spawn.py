@@ -266,6 +266,8 @@ def test_under_a_launcher_or_turned_off_nothing_is_spawned(tmp_path):
     off = _pytest(folder, "--no-mpi-spawn")
     assert "needs an MPI world size >= 3, got 1" in off.out and "[n=" not in off.out, off.out
     assert "runs at MPI world sizes [2, 3], got 1" in off.out, off.out
+    wrong = _pytest(folder, FCOLL_TEST_SPAWN="sometimes")
+    assert "FCOLL_TEST_SPAWN: expected 0 or 1, got 'sometimes'" in wrong.out and wrong.code == 4
     from tests import jobs
 
     done = jobs.run(1, sys.executable, "-m", "pytest", "-p", "fcoll.testing", "-rA",

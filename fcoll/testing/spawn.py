@@ -42,8 +42,10 @@ def mode(config: pytest.Config, size: int) -> str:
     """
     if child.folder() is not None:
         return "child"
-    off = (config.getoption("no_mpi_spawn") or os.environ.get(ENV, "").strip().lower()
-           in ("0", "no", "off", "false"))
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting not in ("", "0", "1", "no", "yes", "off", "on", "false", "true"):
+        raise pytest.UsageError(f"{ENV}: expected 0 or 1, got {setting!r}")
+    off = config.getoption("no_mpi_spawn") or setting in ("0", "no", "off", "false")
     if size > 1 or off or _launcher.launched(os.environ):
         return "launcher"
     return "spawn"
