@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from fcoll import _watch
 from fcoll.testing import child
 
 COVERAGE_ENV = "FCOLL_TESTING_COVERAGE"
@@ -200,16 +201,7 @@ def startup() -> float:
         >>> startup()                             # FCOLL_TEST_SPAWN_GRACE unset
         30.0
     """
-    value = os.environ.get(STARTUP_ENV, "").strip()
-    if not value:
-        return STARTUP
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"{STARTUP_ENV}: expected a positive number of seconds, got {value!r}")
-    return seconds
+    return _watch.seconds_setting(STARTUP_ENV, STARTUP)
 
 
 def environment(job_folder: Path, coverage: str | None) -> dict[str, str]:
