@@ -97,6 +97,21 @@ def launcher_world(env: Mapping[str, str]) -> Announced | None:
     return _slurm_step(env)
 
 
+def launched(env: Mapping[str, str]) -> bool:
+    """Whether a launcher started this process, even alone (``mpiexec -n 1`` sets
+    ``PMI_SIZE=1``): any variable of `SIZES` or `RANKS` is set, or it is a task of ``srun``.
+
+    Example:
+        >>> launched({"PMI_SIZE": "1", "PMI_RANK": "0"}), launched({"HOME": "/root"})
+        (True, False)
+    """
+    names = [name for name, _ in (*SIZES, *RANKS)]
+    step = _count(env, "SLURM_STEP_ID")
+    step = _count(env, "SLURM_STEPID") if step is None else step
+    srun = step is not None and step < _SLURM_SPECIAL_STEP and "SLURM_PROCID" in env
+    return srun or any(env.get(name, "").strip() for name in names)
+
+
 def family(text: str) -> str:
     """Which MPI a library name or a launcher's ``--version`` text belongs to ("" if unknown).
 

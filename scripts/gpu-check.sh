@@ -2,7 +2,9 @@
 # One command for a machine with a GPU (docs/gpu.md, "Checking a GPU machine"):
 #   1. the GPU tests (tests/test_gpu.py, tests/test_gpu_*.py) at n=1 on NCCL, at n=1 on the
 #      MPI transport and at n=2 on the MPI transport (FCOLL_GPU_TRANSPORT=nccl|mpi);
-#   2. python -m fcoll check --array cupy at n=1 (the default transport) and n=2 (MPI);
+#   2. python -m fcoll check --array cupy at n=1 (the default transport) and n=2 (MPI), then
+#      python -m fcoll check --gpu at n=1 and n=2 (each route a cupy buffer can take, tried,
+#      and the route of every collective, traced, with the setting that would be faster);
 #   3. bench/bench_gpu.py, as it is (BENCH_ARGS="..." passes options).
 # Then one summary line per part; the exit status is 1 if any part failed (or no GPU).
 #
@@ -127,22 +129,27 @@ for part in "1 nccl" "1 mpi" "2 mpi"; do
   fi
 done
 
-# --- 2. python -m fcoll check on cupy arrays --------------------------------------------
-for part in "1 auto" "2 mpi"; do
-  read -r n transport <<<"$part"
-  name="check cupy n=$n $transport"
+# --- 2. python -m fcoll check on cupy arrays, and check --gpu (the routes) -----------------
+# Each part: ranks, FCOLL_GPU_TRANSPORT, what to check (--array cupy, or --gpu: the routes).
+for part in "1 auto cupy" "2 mpi cupy" "1 auto gpu" "2 auto gpu"; do
+  read -r n transport what <<<"$part"
+  if [ "$what" = gpu ]; then
+    name="check --gpu n=$n" log="check-gpu-n$n" args=(--gpu)
+  else
+    name="check cupy n=$n $transport" log="check-n$n-$transport" args=(--array cupy)
+  fi
   if [ "$devices" -eq 0 ]; then
     summary+=("$name: skipped (no GPU)")
     continue
   fi
-  PYTHONPATH=$site FCOLL_GPU_TRANSPORT=$transport run "check-n$n-$transport" \
-    "$PYTHON" -m fcoll check -n "$n" --array cupy --timeout "$limit"
+  PYTHONPATH=$site FCOLL_GPU_TRANSPORT=$transport run "$log" \
+    "$PYTHON" -m fcoll check -n "$n" "${args[@]}" --timeout "$limit"
   code=$?
-  line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$logs/check-n$n-$transport.log" | tail -n 1)
+  line=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$logs/$log.log" | tail -n 1)
   if [ "$code" -eq 0 ]; then
     summary+=("$name: ok (${line:-no summary})")
   else
-    summary+=("$name: FAILED (exit $code; ${line:-no summary}; log $logs/check-n$n-$transport.log)")
+    summary+=("$name: FAILED (exit $code; ${line:-no summary}; log $logs/$log.log)")
     status=1
   fi
 done

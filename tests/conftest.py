@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,16 @@ def pytest_configure(config: pytest.Config) -> None:
         fake_cupy.install()
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
     if os.environ.get(FAKE_CUPY_ENV, "").strip() == "1":
-        return f"cupy: tests/fake_cupy.py ({FAKE_CUPY_ENV}=1; numpy and MPI on the CPU, no GPU)"
-    return None
+        lines.append(f"cupy: tests/fake_cupy.py ({FAKE_CUPY_ENV}=1; numpy and MPI on the CPU, no GPU)")
+    missing = [name for name in ("torch", "jax") if importlib.util.find_spec(name) is None]
+    if missing:
+        lines.append(f"interop: {' and '.join(missing)} not installed, so the tests that need "
+                     f"{'them' if len(missing) > 1 else 'it'} skip (scripts/test.sh installs the "
+                     "CPU builds where it can: README, Quick start)")
+    return lines
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -17,7 +17,8 @@ given to `install`, takes it out again. mpi4py is imported on first use.
   all work runs when called, so it is always complete; `stall` makes events recorded from
   then on never complete (a stuck kernel, for deadline tests).
 - NCCL: ``get_version()`` is ``FAKE_CUPY_NCCL_VERSION`` (default 22105; below 21000 ncclAvg
-  and bfloat16 are refused, as before NCCL 2.10). Collectives run at once, blocking, with
+  and bfloat16 are refused, as before NCCL 2.10); ``FAKE_CUPY_NCCL=0`` makes it unavailable
+  (``nccl.available`` False, as when cupy cannot load libnccl). Collectives run at once, blocking, with
   mpi4py on a communicator of the members; reductions fold in rank order (deterministic).
   Inside ``groupStart``/``groupEnd`` collectives still run at once, while sends (copied when
   called) and receives are queued, then posted together (nonblocking) by ``groupEnd``.
@@ -379,7 +380,8 @@ runtime = _module(
     runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12040,
     getDeviceProperties=lambda i: {"name": b"fake_cupy (CPU)"})
 nccl = _module(
-    "cupy.cuda.nccl", available=True, get_version=get_version, NcclError=NcclError,
+    "cupy.cuda.nccl", available=os.environ.get("FAKE_CUPY_NCCL", "1").strip() != "0",
+    get_version=get_version, NcclError=NcclError,
     get_unique_id=lambda: (int(_mpi().COMM_WORLD.Get_rank()), next(_serials)),
     groupStart=groupStart, groupEnd=groupEnd, NcclCommunicator=NcclCommunicator)
 cuda = _module(

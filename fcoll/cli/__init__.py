@@ -5,6 +5,9 @@ job launcher `fcoll.cli.check_job`, running the cases of `fcoll.cli.check_cases`
     python -m fcoll check [-n 2] [--timeout 120] [--array numpy|cupy|all]
                                            run every collective in a small job and verify it
                                            (on numpy arrays, cupy arrays, or both)
+    python -m fcoll check --gpu [-n 2]     each route a cupy buffer can take here (NCCL,
+                                           CUDA-aware MPI, staged), tried; the route of every
+                                           collective, why, and what would make it faster
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--array", choices=ARRAY_CHOICES, default="numpy",
                        help="run the checks on numpy arrays (default), cupy arrays (fails "
                             "without a GPU), or all: numpy, then cupy where a GPU is usable")
+    check.add_argument("--gpu", action="store_true",
+                       help="on cupy arrays: try each route (NCCL, CUDA-aware MPI, staged), show "
+                            "which one each collective takes here and why, and the setting that "
+                            "would make it faster")
     check.add_argument("--inject-failure", metavar="NAME", help=argparse.SUPPRESS)
     return parser
 
@@ -74,5 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         extra += ["--inject-failure", args.inject_failure]
     if args.array != "numpy":
         extra += ["--array", args.array]
-    return launch(args.n, args.timeout, extra)
+    if args.gpu and (args.only or args.inject_failure or args.array != "numpy"):
+        print("check: expected --gpu alone (it runs its own calls), got it with --only, --array "
+              "or --inject-failure", file=sys.stderr)
+        return 2
+    return launch(args.n, args.timeout, ["--gpu"] if args.gpu else extra)
 

@@ -125,10 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append")
     parser.add_argument("--inject-failure")
     parser.add_argument("--array", choices=ARRAY_CHOICES, default="numpy")
+    parser.add_argument("--gpu", action="store_true")
     args = parser.parse_args(argv)
     import fcoll as fc
     from fcoll._runtime import mpi
 
+    if args.gpu:
+        return _gpu()
     fc.init(timeout=args.timeout)
     comm = mpi().COMM_WORLD
     kinds, missing = _kinds(args.array, comm)
@@ -150,6 +153,26 @@ def main(argv: list[str] | None = None) -> int:
         text, code = report(results, comm.Get_size())
         print(text, flush=True)
     return int(comm.bcast(code, root=0))
+
+
+def _gpu() -> int:
+    """``--gpu`` (`fcoll.cli.gpu_check`), where every rank can make cupy arrays. No per-call
+    deadline (it would change what is timed); the launcher's time limit ends a stuck job."""
+    from fcoll._runtime import mpi
+    from fcoll.cli.check_cases import cupy_unavailable
+
+    comm = mpi().COMM_WORLD
+    missing = {r: why for r, why in enumerate(comm.allgather(cupy_unavailable())) if why}
+    if missing:
+        if comm.Get_rank() == 0:
+            text, _ = report([Verdict("cupy arrays", {r: f"no GPU here: {why}"
+                                                      for r, why in missing.items()})],
+                             comm.Get_size())
+            print(text, flush=True)
+        return 1
+    from fcoll.cli.gpu_check import main_gpu
+
+    return main_gpu(comm)
 
 
 def mpiexec(library: str | None = None) -> str:
@@ -184,8 +207,8 @@ def launch(n: int, timeout: float, extra: list[str]) -> int:
     command = [mpiexec(library), *flags, "-n", str(n), sys.executable, "-m", "fcoll.cli.check_job",
                "--timeout", str(per_call), *extra]
     arrays = extra[extra.index("--array") + 1] if "--array" in extra else "numpy"
-    print(f"fcoll check: {n} rank{'s' if n != 1 else ''}, {timeout:g} s limit, {arrays} arrays",
-          flush=True)
+    what = "the routes of cupy arrays" if "--gpu" in extra else f"{arrays} arrays"
+    print(f"fcoll check: {n} rank{'s' if n != 1 else ''}, {timeout:g} s limit, {what}", flush=True)
     start = time.monotonic()
     job = subprocess.Popen(command, env=env, start_new_session=True)
     try:

@@ -20,6 +20,9 @@ read like one run (details in ``docs/testing.md``):
   on every rank together, so one rank's exception does not leave the others waiting.
 - Hypothesis draws the same examples on every rank: one seed, chosen by rank 0, and a
   profile without example database or deadline.
+- Without a launcher (a plain ``pytest``, an IDE's test explorer), the marked tests run
+  in MPI jobs the session starts, one per world size (``nprocs=[2, 4]``, else
+  ``min_size``, else 2), each reported as ``test_x[n=2]`` (`fcoll.testing.spawn`).
 - Suites written for pytest-mpi run with the same meaning (its ``mpi`` marker, the
   ``mpi_skip``/``mpi_xfail``/``mpi_break`` markers, ``--with-mpi``/``--only-mpi`` and the
   ``mpi_tmpdir``/``mpi_file_name`` fixtures). When pytest-mpi is installed too, this plugin
@@ -38,7 +41,7 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +50,15 @@ import pytest
 import fcoll
 from fcoll import _abort
 from fcoll._runtime import mpi
-from fcoll.testing import pytest_mpi
+from fcoll.testing import agree, child, markers, pytest_mpi, spawn
 from fcoll.testing import sync as syncing
 from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
 from fcoll.testing.fixtures import SESSION as _KEY
-from fcoll.testing.fixtures import mpi_file_name, mpi_tmp_path, mpi_tmpdir
+from fcoll.testing.fixtures import _fcoll_nprocs, mpi_file_name, mpi_tmp_path, mpi_tmpdir
 from fcoll.testing.pytest_mpi import pytest_addhooks
 
 # The fixtures and pytest_addhooks are found here by pytest, as attributes of the plugin.
-__all__ = ["RaisesInfo", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
+__all__ = ["RaisesInfo", "_fcoll_nprocs", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
            "parallel_raises", "pytest_addhooks"]
 
 DEFAULT_TIMEOUT = 240.0
@@ -68,6 +71,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     help_text = (f"seconds a test may take on all ranks before it is reported as hung and the "
                  f"job ends (default {DEFAULT_TIMEOUT:g}; env {TIMEOUT_ENV})")
     group.addoption("--mpi-timeout", type=float, default=None, dest="mpi_timeout", help=help_text)
+    group.addoption("--no-mpi-spawn", action="store_true", default=False, dest="no_mpi_spawn",
+                    help=f"not under a launcher, skip the tests marked mpi instead of running "
+                         f"them in MPI jobs of their sizes (env {spawn.ENV}=0)")
     parser.addini("mpi_timeout", help_text, default=None)
 
 
@@ -92,12 +98,28 @@ def _limit(config: pytest.Config) -> float:
 def pytest_configure(config: pytest.Config) -> None:
     _abort.under_testing()  # failures are reported here, not by ending the job
     config.addinivalue_line(
-        "markers", "mpi(min_size=None, max_size=None, timeout=None): run only at MPI world "
-        "sizes in [min_size, max_size]; timeout overrides mpi_timeout for this test")
+        "markers", "mpi(min_size=None, max_size=None, timeout=None, nprocs=None): run only at "
+        "MPI world sizes in [min_size, max_size] (and in nprocs); without a launcher, run in "
+        "MPI jobs of each size in nprocs (else min_size, else 2); timeout overrides mpi_timeout")
     pytest_mpi.add_markers(config)
     session = MPISession(config)
     config.stash[_KEY] = session
     config.pluginmanager.register(session, "fcoll.testing.session")
+    if session.mode == "spawn":
+        config.pluginmanager.register(spawn.Spawner(config, session), "fcoll.testing.spawn")
+    where = child.folder()
+    if session.mode == "child" and where is not None:
+        job = child.Child(config, where, session.rank)
+        session.emitters.append(job.hang)
+        config.pluginmanager.register(job, "fcoll.testing.child")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Without a launcher (and in the jobs it starts), a marked test becomes one test per
+    world size, ``test_x[n=2]`` (`fcoll.testing.spawn`)."""
+    if metafunc.config.stash[_KEY].mode in ("spawn", "child"):
+        spawn.parametrize(metafunc)
 
 
 def _silence_stdout() -> None:
@@ -134,8 +156,10 @@ class MPISession:
             config.option.basetemp = str(base / f"rank{self.rank}")
         self.seed = self.comm.bcast(random.SystemRandom().randrange(2**32) if self.rank == 0
                                     else None, root=0)
-        self.hypothesis = _hypothesis_profile(config, self.seed)
+        self.hypothesis = agree.hypothesis_profile(config, self.seed)
         self.watch = syncing.Watchdog(self.comm, None, self._emit)
+        self.mode = spawn.mode(config, self.size)  # "spawn": the parent of MPI jobs
+        self.emitters: list[Callable[[str, dict[int, str]], None]] = []  # also told of a hang
 
     def _emit(self, label: str, texts: dict[int, str]) -> None:
         """Rank 0's watchdog thread: print the report of a hang that stopped rank 0 itself
@@ -146,6 +170,8 @@ class MPISession:
         text = (f"\n{' fcoll.testing: hang ':=^80}\n{body.strip()}\n"
                 f"{' short test summary info ':=^80}\n{failed}")
         os.write(self.stdout, text.encode(errors="replace"))
+        for emit in self.emitters:
+            emit(label, texts)
 
     def pytest_report_header(self) -> str:
         MPI = mpi()
@@ -201,7 +227,7 @@ class MPISession:
         if errors and not self.config.option.continue_on_collection_errors:
             self.mismatch = f"errors during collection on ranks {errors}"
         else:
-            self.mismatch = _compare_collections([ids for _, ids in everyone])
+            self.mismatch = agree.compare_collections([ids for _, ids in everyone])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -212,23 +238,25 @@ class MPISession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        if self.mode == "spawn" and spawn.size_of(item) is not None:
+            return (yield)  # a job runs it (`spawn.Spawner`)
         self.index += 1
-        marker = item.get_closest_marker("mpi")
-        limit = marker.kwargs.get("timeout") if marker is not None else None
-        self.watch.arm(item.nodeid, self.index,
-                       float(limit) if isinstance(limit, (int, float)) else self.limit)
+        self.watch.arm(item.nodeid, self.index, markers.limit(item.get_closest_marker("mpi"),
+                                                              self.limit))
         return (yield)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         only_mpi = bool(self.config.getoption("--only-mpi"))
         for item in items:
             marker = item.get_closest_marker("mpi")
-            skip = _check_marker(marker, self.size)[1] if marker is not None else None
+            if self.mode == "spawn" and spawn.size_of(item) is not None:
+                continue  # its job applies the markers
+            skip = markers.check(marker, self.size)[1] if marker is not None else None
             pytest_mpi.mark(item, skip, only_mpi)
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         marker = item.get_closest_marker("mpi")
-        error = _check_marker(marker, self.size)[0] if marker is not None else None
+        error = markers.check(marker, self.size)[0] if marker is not None else None
         if error is not None:
             pytest.fail(error, pytrace=False)
 
@@ -334,55 +362,3 @@ class MPISession:
             report.location = (path, line, f"{domain}@rank{rank}")
         report.mpi_rank = rank
         return report
-
-
-def _check_marker(marker: pytest.Mark, size: int) -> tuple[str | None, str | None]:
-    """``(error, skip reason)`` of an ``mpi`` marker at world size ``size``."""
-    unknown = set(marker.kwargs) - {"min_size", "max_size", "timeout"}
-    if marker.args or unknown:
-        return (f"mpi marker: expected keyword arguments min_size, max_size, timeout, got "
-                f"{marker.args or ''}{sorted(unknown) if unknown else ''}"), None
-    for name in ("min_size", "max_size", "timeout"):
-        value = marker.kwargs.get(name)
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                  or value <= 0):
-            return f"mpi marker: expected {name} to be a positive number, got {value!r}", None
-    low, high = marker.kwargs.get("min_size"), marker.kwargs.get("max_size")
-    if low is not None and size < low:
-        return None, f"needs an MPI world size >= {low}, got {size} (run under mpiexec -n {low})"
-    if high is not None and size > high:
-        return None, f"needs an MPI world size <= {high}, got {size}"
-    return None, None
-
-
-def _compare_collections(lists: list[list[str]]) -> str | None:
-    """None when every rank collected the same tests in the same order, else why not."""
-    first = lists[0]
-    for rank, ids in enumerate(lists):
-        if ids != first:
-            at = next((i for i, (a, b) in enumerate(zip(first, ids, strict=False)) if a != b),
-                      min(len(first), len(ids)))
-            return (f"the ranks collected different tests (rank 0: {len(first)}, rank {rank}: "
-                    f"{len(ids)}; first difference at position {at}: "
-                    f"{first[at] if at < len(first) else None!r} vs "
-                    f"{ids[at] if at < len(ids) else None!r}); collection must not depend on the "
-                    "rank: skip inside the test or with a marker instead")
-    return None
-
-
-def _hypothesis_profile(config: pytest.Config, seed: int) -> str | None:
-    """Make Hypothesis draw the same examples on every rank; returns the header line."""
-    try:
-        from hypothesis import HealthCheck, settings
-    except ImportError:
-        return None
-    current = settings()
-    settings.register_profile(
-        "fcoll.testing", parent=current, database=None, deadline=None,
-        suppress_health_check=[*current.suppress_health_check, HealthCheck.too_slow])
-    settings.load_profile("fcoll.testing")
-    if getattr(config.option, "hypothesis_seed", "absent") is None:
-        config.option.hypothesis_seed = str(seed)
-    chosen = getattr(config.option, "hypothesis_seed", seed)
-    return (f"hypothesis seed {chosen} on every rank (rerun with --hypothesis-seed={chosen}); "
-            "profile 'fcoll.testing': no database, no deadline")

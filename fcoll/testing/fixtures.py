@@ -65,3 +65,16 @@ def mpi_file_name(mpi_tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)[:60]
     return str(mpi_tmp_path / f"{name}.hdf5")
+
+
+@pytest.fixture
+def _fcoll_nprocs(request: pytest.FixtureRequest) -> int:
+    """The world size a test marked ``mpi`` runs at without a launcher (`fcoll.testing.spawn`
+    parametrizes it: ``test_x[n=2]``); private, the test need not ask for it.
+
+    Example:
+        >>> @pytest.mark.mpi(nprocs=[2, 4])
+        ... def test_x(): ...                       # test_x[n=2], test_x[n=4]
+    """
+    size: int = request.param
+    return size
