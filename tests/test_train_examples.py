@@ -1,4 +1,5 @@
-"""examples/train_torch.py and examples/train_jax.py, briefly, at the suite's world size.
+"""examples/train_torch.py, examples/train_jax.py (eager and jitted steps) and
+examples/tensor_parallel.py, briefly, at the suite's world size.
 
 Each trains a small model data-parallel in this job (every rank of the suite runs the
 test) and checks what a wrong average would break: the ranks end bit-identical, the run
@@ -96,3 +97,33 @@ def test_jax_example_equals_one_process_training():
     # the differences add up over the steps at most (learning rate < 1, parameters ~1).
     scale = max(float(np.max(np.abs(np.asarray(leaf)))) for leaf in jax.tree_util.tree_leaves(params))
     assert ex.max_difference(params, reference) <= steps * 16 * EPS32 * scale
+
+
+def test_jax_example_whole_step_in_one_jit_equals_the_eager_step():
+    """The whole step (forward, backward, pmean of gradients and loss, update) in one
+    jax.jit trains as the eager pmean between jitted calls does, and as one process does."""
+    jax = pytest.importorskip("jax")
+    ex = _example("train_jax")
+    x, y = ex.load()
+    start = ex.init_params([x.shape[1], 32, 32, 10], seed=0)
+    steps = 10
+    data = ex.batches(x[:1500], y[:1500], steps)
+    jitted, jitted_losses = ex.train(start, data, jit=True)
+    eager, eager_losses = ex.train(start, data)
+    np.testing.assert_allclose(jitted_losses, eager_losses, rtol=1e-5)
+    scale = max(float(np.max(np.abs(np.asarray(leaf)))) for leaf in jax.tree_util.tree_leaves(eager))
+    assert ex.max_difference(jitted, eager) <= steps * 16 * EPS32 * scale
+    assert ex.max_difference(jitted, ex.reference(start, data)) <= steps * 16 * EPS32 * scale
+    mine = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(jitted)])
+    assert np.array_equal(mine, fc.broadcast(mine, src=0)), "ranks' parameters differ"
+
+
+def test_tensor_parallel_example_equals_the_unsplit_model():
+    torch = pytest.importorskip("torch")
+    ex = _example("tensor_parallel")
+    mine, whole, losses = ex.train(4)
+    together = ex.gathered(mine)
+    for name, value in whole.items():
+        torch.testing.assert_close(together[name], value.detach(), rtol=1e-12, atol=1e-12)
+    assert mine["w1"].shape == (ex.IN, ex.HIDDEN // fc.get_world_size())
+    assert losses[-1] < losses[0], losses
