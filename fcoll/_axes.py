@@ -18,9 +18,12 @@ from typing import Any
 
 from fcoll._tree import Array, pack, unpack
 from fcoll.collectives import (
+    all_gather_into_tensor,
     all_gather_into_tensor_coalesced,
+    all_reduce,
     all_reduce_coalesced,
     all_to_all_single,
+    reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced,
 )
 from fcoll.group import Group
@@ -42,7 +45,10 @@ def _contiguous(a: Array, xp: ModuleType) -> Array:
 
 
 def reduce(leaves: list[Array], g: Group, op: str) -> list[Array]:
-    """Each leaf reduced by ``op`` over ``g`` (one message per dtype)."""
+    """Each leaf reduced by ``op`` over ``g`` (one message per dtype; a single leaf by
+    `all_reduce`, which the coalesced form equals bit for bit, in less time)."""
+    if len(leaves) == 1:
+        return [all_reduce(leaves[0], op, g)]
     return all_reduce_coalesced(leaves, op, g)
 
 
@@ -58,7 +64,10 @@ def gathered_shape(shape: Shape, n: int, dim: int, tiled: bool) -> Shape:
 
 def all_gather(leaves: list[Array], g: Group, dim: int, tiled: bool, xp: ModuleType) -> list[Array]:
     """Every rank's leaves, stacked on a new axis ``dim`` or, ``tiled``, concatenated along it."""
-    gathered = all_gather_into_tensor_coalesced(leaves, g)
+    if len(leaves) == 1:
+        gathered = [all_gather_into_tensor(xp.ascontiguousarray(leaves[0]).reshape(-1), g)]
+    else:
+        gathered = all_gather_into_tensor_coalesced(leaves, g)
     out = []
     for leaf, got in zip(leaves, gathered, strict=True):
         stacked = got.reshape(g.size, *leaf.shape)
@@ -88,7 +97,10 @@ def psum_scatter(leaves: list[Array], g: Group, dim: int, tiled: bool, xp: Modul
         scattered_shape(tuple(leaf.shape), g.size, dim, tiled)
         dims.append(axis(dim, leaf.ndim, "psum_scatter", "scatter_dimension"))
     moved = [xp.ascontiguousarray(xp.moveaxis(leaf, d, 0)) for leaf, d in zip(leaves, dims, strict=True)]
-    reduced = reduce_scatter_tensor_coalesced(moved, "sum", g)
+    if len(moved) == 1:
+        reduced = [reduce_scatter_tensor(moved[0], "sum", g)]
+    else:
+        reduced = reduce_scatter_tensor_coalesced(moved, "sum", g)
     out = [xp.moveaxis(r, 0, d) if tiled else r[0] for r, d in zip(reduced, dims, strict=True)]
     return [_contiguous(o, xp) for o in out]
 

@@ -38,13 +38,28 @@ import torch
 
 from fcoll import collectives, p2p
 from fcoll._validate import check_dim, check_permutation, check_splits
-from fcoll.group import Group, resolve_group
+from fcoll.backends import interop
+from fcoll.group import Group, resolve_group, world
 from fcoll.ops import PremulSum, ReduceOp, premul_sum, resolve_op
 
-# The public functions, typed for numpy arrays, take and return tensors
-# (`fcoll.backends.interop`): called here through Any.
+# The public functions, called on the tensors' numpy (CPU) or cupy (CUDA) views, the
+# results made tensors again on the same device: the steps `fcoll.backends.interop.run`
+# takes for any call, without its search of the arguments.
 C: Any = collectives
 P: Any = p2p
+
+
+def _native(t: torch.Tensor) -> Any:
+    return interop.to_native(t, "autograd", "x")
+
+
+def _call(fn: Callable[..., Any], t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """``fn(t, ...)`` (a public collective) with ``t`` as numpy or cupy, the result a
+    tensor like ``t``; a ``t`` that requires grad (double backward) takes the public
+    route, whose result is differentiable again."""
+    if t.requires_grad and torch.is_grad_enabled():
+        return fn(t, *args, **kwargs)
+    return interop.back(fn(_native(t), *args, **kwargs), t)
 
 LINEAR = (ReduceOp.SUM, ReduceOp.AVG)
 
@@ -59,6 +74,12 @@ def _linear_op(op: object, fn: str, name: str) -> ReduceOp | PremulSum:
         f"{fn}: expected op sum, avg or premul_sum for {name} that requires grad, got "
         f"{resolved.value}; {resolved.value} has no gradient in fcoll: call it on "
         f"{name}.detach() or under torch.no_grad()")
+
+
+def _arg(g: Group) -> Group | None:
+    """``g`` as the collectives' ``group`` argument: None for the world group, so that its
+    fast paths serve the calls."""
+    return None if g is world() else g
 
 
 def _adjoint_op(op: ReduceOp | PremulSum) -> ReduceOp | PremulSum:
@@ -82,11 +103,11 @@ class AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, op: ReduceOp | PremulSum, g: Group) -> Any:
         ctx.op, ctx.group = op, g
-        return C.all_reduce(x, op, g)
+        return _call(C.all_reduce, x, op, _arg(g))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return C.all_reduce(grad.contiguous(), _adjoint_op(ctx.op), ctx.group), None, None
+        return _call(C.all_reduce, grad, _adjoint_op(ctx.op), _arg(ctx.group)), None, None
 
 
 class AllGather(torch.autograd.Function):
@@ -97,15 +118,15 @@ class AllGather(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, g: Group, dim: int,
                 sizes: list[int] | None) -> Any:
         ctx.group, ctx.dim, ctx.sizes, ctx.shape = g, dim, sizes, x.shape
-        return C.all_gather_into_tensor(x, g, gather_dim=dim, sizes=sizes)
+        return _call(C.all_gather_into_tensor, x, _arg(g), gather_dim=dim, sizes=sizes)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         g, dim = ctx.group, ctx.dim
         if ctx.sizes is None:
-            block = C.reduce_scatter_tensor(grad.contiguous(), "sum", g, scatter_dim=dim)
+            block = _call(C.reduce_scatter_tensor, grad, "sum", _arg(g), scatter_dim=dim)
         else:
-            block = C.reduce_scatter(list(torch.split(grad, ctx.sizes, dim)), "sum", g)
+            block = C.reduce_scatter(list(torch.split(grad, ctx.sizes, dim)), "sum", _arg(g))
         return block.reshape(ctx.shape), None, None, None
 
 
@@ -116,11 +137,11 @@ class ReduceScatter(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, op: ReduceOp | PremulSum, g: Group,
                 dim: int) -> Any:
         ctx.op, ctx.group, ctx.dim = op, g, dim
-        return C.reduce_scatter_tensor(x, op, g, scatter_dim=dim)
+        return _call(C.reduce_scatter_tensor, x, op, _arg(g), scatter_dim=dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        gathered = C.all_gather_into_tensor(grad.contiguous(), ctx.group, gather_dim=ctx.dim)
+        gathered = _call(C.all_gather_into_tensor, grad, _arg(ctx.group), gather_dim=ctx.dim)
         return _scale(gathered, ctx.op, ctx.group.size), None, None, None
 
 
@@ -131,11 +152,11 @@ class AllToAll(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, outs: list[int] | None, ins: list[int] | None,
                 g: Group) -> Any:
         ctx.outs, ctx.ins, ctx.group = outs, ins, g
-        return C.all_to_all_single(x, outs, ins, g)
+        return _call(C.all_to_all_single, x, outs, ins, _arg(g))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return C.all_to_all_single(grad.contiguous(), ctx.ins, ctx.outs, ctx.group), None, None, None
+        return _call(C.all_to_all_single, grad, ctx.ins, ctx.outs, _arg(ctx.group)), None, None, None
 
 
 class Broadcast(torch.autograd.Function):
@@ -144,11 +165,11 @@ class Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, src: int, g: Group) -> Any:
         ctx.src, ctx.group = src, g
-        return C.broadcast(x, src, g)
+        return _call(C.broadcast, x, src, _arg(g))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        summed = C.reduce(grad.contiguous(), ctx.src, "sum", ctx.group)
+        summed = _call(C.reduce, grad, ctx.src, "sum", _arg(ctx.group))
         return (torch.zeros_like(grad) if summed is None else summed), None, None
 
 
@@ -162,11 +183,11 @@ class Permute(torch.autograd.Function):
             if d is not None:
                 inverse[d] = i
         ctx.inverse, ctx.group = inverse, g
-        return P.permute_tensor(x, src_dst, g)
+        return _call(P.permute_tensor, x, src_dst, _arg(g))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return P.permute_tensor(grad.contiguous(), ctx.inverse, ctx.group), None, None
+        return _call(P.permute_tensor, grad, ctx.inverse, _arg(ctx.group)), None, None
 
 
 def _all_reduce(fn: str, a: dict[str, Any], g: Group) -> torch.Tensor:
@@ -178,7 +199,7 @@ def _gathered_sizes(x: torch.Tensor, dim: int, sizes: object, g: Group) -> list[
     """`all_gather_into_tensor`'s ``sizes`` as a list (``"auto"``: exchanged now), or None."""
     if isinstance(sizes, str) and sizes == "auto":
         mine = np.array([x.shape[dim] if x.ndim else 1], np.int64)
-        return [int(s) for s in C.all_gather_into_tensor(mine, g)]
+        return [int(s) for s in C.all_gather_into_tensor(mine, _arg(g))]
     return None if sizes is None else list(sizes)  # type: ignore[call-overload]
 
 
@@ -199,7 +220,7 @@ def _all_to_all(fn: str, a: dict[str, Any], g: Group) -> torch.Tensor:
     if outs is not None or ins is not None:
         ins, outs = check_splits(x, outs, ins, g.size, fn)
         if outs is None:  # the sizes this rank receives, which its backward sends back
-            outs = [int(s) for s in C.all_to_all_single(np.array(ins, np.int64), group=g)]
+            outs = [int(s) for s in C.all_to_all_single(np.array(ins, np.int64), group=_arg(g))]
     return AllToAll.apply(x, outs, ins, g)  # type: ignore[no-untyped-call,no-any-return]
 
 
@@ -212,9 +233,17 @@ def _permute(fn: str, a: dict[str, Any], g: Group) -> torch.Tensor:
     return Permute.apply(a["x"], targets, g)  # type: ignore[no-untyped-call,no-any-return]
 
 
+class _Shaped:
+    """A stand-in with a tensor's shape for fcoll's argument checks (which read ndim and shape)."""
+
+    __slots__ = ("ndim", "shape")
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.shape, self.ndim = tuple(x.shape), x.ndim
+
+
 def _shaped(x: torch.Tensor) -> np.ndarray:
-    """A stand-in with ``x``'s shape for fcoll's argument checks (which read ndim and shape)."""
-    return np.broadcast_to(np.empty((), np.uint8), tuple(x.shape))
+    return _Shaped(x)  # type: ignore[return-value]
 
 
 RULES: dict[str, Callable[[str, dict[str, Any], Group], torch.Tensor]] = {
@@ -228,8 +257,20 @@ RULES: dict[str, Callable[[str, dict[str, Any], Group], torch.Tensor]] = {
 
 
 @cache
-def _signature(numpy_fn: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(numpy_fn)
+def _parameters(numpy_fn: Callable[..., Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The parameter names of a public function, and their defaults."""
+    parameters = inspect.signature(numpy_fn).parameters
+    return tuple(parameters), {k: p.default for k, p in parameters.items()
+                               if p.default is not inspect.Parameter.empty}
+
+
+def _arguments(numpy_fn: Callable[..., Any], args: Sequence[Any],
+               kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by name, defaults filled in (`TypeError` for an unknown one)."""
+    names, defaults = _parameters(numpy_fn)
+    if len(args) > len(names) or any(k not in names for k in kwargs):
+        inspect.signature(numpy_fn).bind(*args, **kwargs)  # raises Python's own TypeError
+    return {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
 
 
 def run(numpy_fn: Callable[..., Any], fn: str, args: Sequence[Any],
@@ -248,9 +289,7 @@ def run(numpy_fn: Callable[..., Any], fn: str, args: Sequence[Any],
             f"{fn}: expected tensors that do not require grad, got one that does; {fn} has no "
             "gradient in fcoll (docs/torch.md, \"Gradients\"): call it on .detach() or under "
             "torch.no_grad()")
-    bound = _signature(numpy_fn).bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = _arguments(numpy_fn, args, kwargs)
     if a.get("async_op"):
         raise NotImplementedError(
             f"{fn}: expected async_op=False for tensors that require grad, got async_op=True; "

@@ -151,9 +151,15 @@ def _shape(buf: Buffer) -> tuple[int, ...]:
     return tuple(buf.dims[: buf.rank]) if buf.rank else ()
 
 
-def host_array(pointer: int) -> np.ndarray:
-    """The XLA buffer at ``pointer`` as a numpy array over its memory (no copy)."""
-    buf = Buffer.from_address(pointer)
+def host_arrays(args: Args) -> list[np.ndarray]:
+    """The buffers of an argument or result list as numpy arrays over XLA's memory (no
+    copy), tokens left out."""
+    found = [Buffer.from_address(args.args[i]) for i in range(args.size)]
+    return [host_array(b) for b in found if b.dtype != TOKEN]
+
+
+def host_array(buf: Buffer) -> np.ndarray:
+    """The XLA buffer ``buf`` as a numpy array over its memory (no copy)."""
     dtype, shape = DTYPES[buf.dtype], _shape(buf)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
@@ -166,12 +172,6 @@ def buffers(args: Args) -> list[Buffer]:
     """The buffers of an argument or result list, tokens left out."""
     found = [Buffer.from_address(args.args[i]) for i in range(args.size)]
     return [b for b in found if b.dtype != TOKEN]
-
-
-def pointers(args: Args) -> list[int]:
-    """The addresses of the buffers of ``args``, tokens left out."""
-    return [args.args[i] for i in range(args.size)
-            if Buffer.from_address(args.args[i]).dtype != TOKEN]
 
 
 def string_attribute(attrs: Attrs, name: bytes) -> bytes:

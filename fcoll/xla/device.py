@@ -23,9 +23,8 @@ from fcoll.group import Group
 from fcoll.xla import capi
 
 
-def _array(pointer: int, cupy: Any) -> Any:
-    """The XLA device buffer at ``pointer`` as a cupy array over its memory (no copy)."""
-    buf = capi.Buffer.from_address(pointer)
+def _array(buf: capi.Buffer, cupy: Any) -> Any:
+    """The XLA device buffer ``buf`` as a cupy array over its memory (no copy)."""
     dtype = capi.DTYPES[buf.dtype]
     if dtype == ml_dtypes.bfloat16:
         raise TypeError("fcoll.lax inside jit on a GPU: expected a dtype cupy has, got bfloat16")
@@ -42,8 +41,8 @@ def serve(frame: capi.CallFrame, kind: str, g: Group, params: dict[str, Any]) ->
     import cupy
 
     with cupy.cuda.ExternalStream(capi.stream(frame)):
-        ins = [_array(p, cupy) for p in capi.pointers(frame.args)]
-        outs = [_array(p, cupy) for p in capi.pointers(frame.rets)]
+        ins = [_array(b, cupy) for b in capi.buffers(frame.args)]
+        outs = [_array(b, cupy) for b in capi.buffers(frame.rets)]
         got = _axes.run(kind, ins, g, cupy, params)
         for out, y in zip(outs, got, strict=True):
             out[...] = y.reshape(out.shape)

@@ -94,8 +94,7 @@ def _serve(frame: capi.CallFrame, device: bool) -> None:
 
         gpu.serve(frame, kind, jit_group(ranks), params)
         return
-    ins = [capi.host_array(p) for p in capi.pointers(frame.args)]
-    outs = [capi.host_array(p) for p in capi.pointers(frame.rets)]
+    ins, outs = capi.host_arrays(frame.args), capi.host_arrays(frame.rets)
     got = _axes.run(kind, ins, jit_group(ranks), np, params)
     for out, y in zip(outs, got, strict=True):
         np.copyto(out, y.reshape(out.shape))
