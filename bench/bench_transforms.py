@@ -67,17 +67,21 @@ def slowest(seconds: float) -> float:
     return float(COMM.allreduce(seconds, op=MPI.MAX))
 
 
-def timed(run: Callable[[], Any], batches: int, per_batch: int) -> float:
-    """Seconds per step: ``run()`` does ``per_batch`` steps; median over batches of the
-    slowest rank's time (one untimed batch first: it compiles)."""
-    jax.block_until_ready(run())
-    times = []
-    for _ in range(batches):
-        COMM.Barrier()
-        start = time.perf_counter()
+def timed(runs: dict[str, Callable[[], Any]], batches: int, per_batch: int) -> dict[str, float]:
+    """Seconds per step of each run (``run()`` does ``per_batch`` steps): the median over
+    batches of the slowest rank's time, the runs taking turns batch by batch (in an order
+    that rotates), so that a busy moment of the machine falls on all of them alike. One
+    untimed batch of each first (it compiles)."""
+    for run in runs.values():
         jax.block_until_ready(run())
-        times.append(slowest(time.perf_counter() - start) / per_batch)
-    return statistics.median(times)
+    names, times = list(runs), {name: [] for name in runs}  # type: ignore[var-annotated]
+    for b in range(batches):
+        for name in names[b % len(names):] + names[: b % len(names)]:
+            COMM.Barrier()
+            start = time.perf_counter()
+            jax.block_until_ready(runs[name]())
+            times[name].append(slowest(time.perf_counter() - start) / per_batch)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def jit_loops(x: jax.Array, steps: int) -> dict[str, Callable[[], Any]]:
@@ -130,17 +134,16 @@ def table_collectives(sizes: list[int], batches: int) -> list[dict[str, object]]
     """Table 1. The eager numpy calls run first, before any jitted collective (which makes
     eager calls wait for jitted ones and turns the default group's fast paths off), and
     again after."""
-    rows = []
-    with fc.Mesh((fc.get_world_size(),), ("x",)):
+    n, rows = fc.get_world_size(), []
+    with fc.Mesh((n,), ("x",)):
         arrays = [(b, jnp.ones(max(b // 4, 1), jnp.float32), 200 if b <= 64 << 10 else 40)
                   for b in sizes]
         runs = [(b, s, {"fc.all_reduce eager (numpy)": numpy_eager(x, s)}) for b, x, s in arrays]
         runs += [(b, s, {**jit_loops(x, s), **eager_loops(x, s)}) for b, x, s in arrays]
         for nbytes, steps, loops in runs:
-            for name, run in loops.items():
-                seconds = timed(run, batches, steps)
-                rows.append({"table": "collective", "n": fc.get_world_size(), "bytes": nbytes,
-                             "impl": name, "us": round(seconds * 1e6, 2)})
+            for name, seconds in timed(loops, batches, steps).items():
+                rows.append({"table": "collective", "n": n, "bytes": nbytes, "impl": name,
+                             "us": round(seconds * 1e6, 2)})
     return rows
 
 
@@ -152,17 +155,17 @@ def table_training(batches: int) -> list[dict[str, object]]:
     r, n = fc.get_rank(), fc.get_world_size()
     per = ex.GLOBAL_BATCH // n
     xs, ys = jnp.asarray(x[r * per : (r + 1) * per]), jnp.asarray(y[r * per : (r + 1) * per])
-    rows = []
+    runs = {}
+    for name, step in (("whole step in one jit", ex.whole_step), ("eager pmean", ex.eager_step)):
+        def run(step: Callable[..., Any] = step) -> Any:
+            p = params
+            for _ in range(20):
+                p, _ = step(p, xs, ys)
+            return p
+        runs[name] = run
     with fc.Mesh((n,), ("dp",)):
-        for name, step in (("whole step in one jit", ex.whole_step), ("eager pmean", ex.eager_step)):
-            def run(step: Callable[..., Any] = step) -> Any:
-                p = params
-                for _ in range(20):
-                    p, _ = step(p, xs, ys)
-                return p
-            rows.append({"table": "training", "n": n, "bytes": 0, "impl": name,
-                         "us": round(timed(run, batches, 20) * 1e6, 1)})
-    return rows
+        return [{"table": "training", "n": n, "bytes": 0, "impl": name, "us": round(sec * 1e6, 1)}
+                for name, sec in timed(runs, batches, 20).items()]
 
 
 def torch_ops(n: int) -> dict[str, Callable[[Any], Any]]:
@@ -196,9 +199,9 @@ def table_torch(sizes: list[int], batches: int) -> list[dict[str, object]]:
                 for _ in range(steps):
                     f(x).backward(grad)
 
-            for kind, run in (("forward", forward), ("forward + backward", both)):
-                rows.append({"table": "torch", "n": n, "bytes": nbytes, "impl": f"{op} {kind}",
-                             "us": round(timed(run, batches, steps) * 1e6, 2)})
+            got = timed({"forward": forward, "forward + backward": both}, batches, steps)
+            rows += [{"table": "torch", "n": n, "bytes": nbytes, "impl": f"{op} {kind}",
+                      "us": round(sec * 1e6, 2)} for kind, sec in got.items()]
     return rows
 
 
@@ -260,7 +263,7 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["8", "4K", "64K", "1M"])
-    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=11)
     parser.add_argument("--tables", nargs="+", default=["collective", "training", "torch"])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / time.strftime("%Y-%m-%d"))
     args = parser.parse_args()

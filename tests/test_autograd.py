@@ -151,7 +151,7 @@ def whole_job(g: G, op: Callable[[Any], Any]) -> Callable[[Any], Any]:
     rank in lockstep see the same function that backward differentiates."""
     def f(stacked: Any) -> Any:
         y = op(ft.copy_to_group(stacked, g.arg)[g.rank])
-        slots = torch.zeros((g.size, *y.shape), dtype=y.dtype)
+        slots = torch.zeros((g.size, *y.shape), dtype=y.dtype, device=y.device)
         slots[g.rank] = y
         return ft.reduce_from_group(slots, g.arg)
     return f
@@ -297,3 +297,23 @@ def test_torch_compile_does_not_break(group: G) -> None:
     x_eager = leaf(group.rank, (3,))
     step(x_eager).backward()
     torch.testing.assert_close(x.grad, x_eager.grad)
+
+
+def _cuda() -> Any:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cupy = pytest.importorskip("cupy")
+    return torch.device("cuda", cupy.cuda.Device().id)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GRADCHECK)
+def test_gradcheck_on_cuda_tensors(group: G, name: str) -> None:
+    """The same checks on a GPU (scripts/gpu-check.sh): forward and backward go through the
+    GPU path (NCCL, or MPI), and the results stay on the device."""
+    device = _cuda()
+    shape, op = GRADCHECK[name]
+    stacked = torch.tensor(value(7, (group.size, *shape)), device=device, requires_grad=True)
+    y = op(stacked[group.rank].detach().requires_grad_(True), group)
+    assert y.device == device and y.grad_fn is not None
+    assert torch.autograd.gradcheck(whole_job(group, lambda x: op(x, group)), (stacked,))

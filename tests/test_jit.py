@@ -303,3 +303,25 @@ def test_a_deadline_inside_jit_reaches_the_caller_as_an_exception(tmp_path: Any)
                      r"1 s deadline on group ranks \[0, 1\]", out), out
     assert "fcoll flight record (all_reduce_coalesced missed its deadline on group [0, 1])" in out
     assert done.returncode != 0 and "Segmentation fault" not in out and "Fatal Python" not in out
+
+
+@pytest.mark.gpu
+def test_jit_grad_and_vmap_on_a_gpu(mesh: Any) -> None:
+    """On a GPU (scripts/gpu-check.sh) the handler works on XLA's device buffers in XLA's
+    stream; the results equal the CPU's and stay on the device."""
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        pytest.skip("no GPU in JAX")
+    pytest.importorskip("cupy")
+    n, rank = n_of(mesh, "dp"), fc.get_rank()
+    x = jax.device_put(jnp.asarray(value(rank, (n, 3))), gpus[0])
+    def f(v: Any) -> Any:
+        return (lax.psum(v, "dp"), lax.all_gather(v, "dp", axis=1),
+                jax.grad(lambda u: (lax.psum_scatter(u, "dp") ** 2).sum())(v),
+                jax.vmap(lambda u: lax.pmean(u, "dp"))(v))
+    got = jax.jit(f)(x)
+    with jax.default_device(jax.devices("cpu")[0]):
+        want = jax.jit(f)(jax.device_put(x, jax.devices("cpu")[0]))
+    for g, w in zip(got, want, strict=True):
+        assert next(iter(g.devices())).platform == "gpu"
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
