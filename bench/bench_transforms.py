@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, as bench/README.md says
 
 import argparse
 import statistics
@@ -182,6 +183,7 @@ def torch_ops(n: int) -> dict[str, Callable[[Any], Any]]:
 def table_torch(sizes: list[int], batches: int) -> list[dict[str, object]]:
     import torch
 
+    torch.set_num_threads(1)
     n, rows = fc.get_world_size(), []
     for nbytes in sizes:
         x = torch.ones(max(nbytes // 4 // n, 1) * n, requires_grad=True)

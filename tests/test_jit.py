@@ -216,8 +216,8 @@ def test_program_order_of_several_collectives(mesh: Any) -> None:
     jax.block_until_ready(jax.jit(f)(x))
     names = [e[2] for e in fc.debug.record()]
     if n > 1:  # a group of one sends nothing, and some calls are then not recorded
-        assert names[-3:] == ["reduce_scatter_tensor_coalesced", "all_to_all_single",
-                              "all_gather_into_tensor_coalesced"]
+        assert names[-3:] == ["reduce_scatter_tensor", "all_to_all_single",
+                              "all_gather_into_tensor"]
 
 
 def test_eager_calls_wait_for_jitted_ones(mesh: Any) -> None:

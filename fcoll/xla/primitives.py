@@ -41,7 +41,7 @@ from fcoll.group import Group, resolve_group
 from fcoll.xla import handler, rules
 
 KINDS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
-TESTED = ((0, 10), (0, 11))  # the JAX minor versions tests/test_jit.py passed on
+TESTED = ((0, 9), (0, 10))  # the JAX minor versions tests/test_jit.py passed on (0.9.2, 0.10.2)
 
 
 def supported(version: str) -> bool:
