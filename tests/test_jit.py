@@ -299,9 +299,9 @@ def test_a_deadline_inside_jit_reaches_the_caller_as_an_exception(tmp_path: Any)
     out = done.stdout + done.stderr
     assert "first 0 2.0" in out and "first 1 2.0" in out, out
     assert re.search(r"caught JaxRuntimeError DEADLINE_EXCEEDED: fcoll: CollectiveTimeoutError: "
-                     r"all_reduce_coalesced \(call #2 on the group\) did not complete within its "
+                     r"all_reduce \(call #2 on the group\) did not complete within its "
                      r"1 s deadline on group ranks \[0, 1\]", out), out
-    assert "fcoll flight record (all_reduce_coalesced missed its deadline on group [0, 1])" in out
+    assert "fcoll flight record (all_reduce missed its deadline on group [0, 1])" in out
     assert done.returncode != 0 and "Segmentation fault" not in out and "Fatal Python" not in out
 
 

@@ -273,11 +273,14 @@ def _arguments(numpy_fn: Callable[..., Any], args: Sequence[Any],
     return {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
 
 
+# TorchDynamo runs this eagerly: a graph break, not a trace into fcoll.
+@torch.compiler.disable  # type: ignore[untyped-decorator]
 def run(numpy_fn: Callable[..., Any], fn: str, args: Sequence[Any],
         kwargs: dict[str, Any]) -> Any:
     """The public collective ``fn`` (``numpy_fn``) on arguments holding a tensor that
     requires grad: its `torch.autograd.Function`, or `NotImplementedError` when it has no
-    gradient (another collective, op, or ``async_op=True``).
+    gradient (another collective, op, or ``async_op=True``). Under ``torch.compile`` it runs
+    eagerly (``torch.compiler.disable``).
 
     Example:
         >>> run(fc.all_reduce, "all_reduce", (w,), {}).grad_fn     # w requires grad

@@ -59,6 +59,7 @@ class _Reduce(torch.autograd.Function):
         return grad, None
 
 
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # eager under torch.compile
 def copy_to_group(x: torch.Tensor, group: GroupArg = None) -> torch.Tensor:
     """``x`` (a new tensor) in the forward pass; in the backward pass the gradient summed
     over ``group`` (an all-reduce). Use it where a tensor every rank holds the same copy of
@@ -74,6 +75,7 @@ def copy_to_group(x: torch.Tensor, group: GroupArg = None) -> torch.Tensor:
     return _Copy.apply(_tensor(x, "copy_to_group"), g)  # type: ignore[no-untyped-call,no-any-return]
 
 
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # eager under torch.compile
 def reduce_from_group(x: torch.Tensor, group: GroupArg = None) -> torch.Tensor:
     """The sum of ``x`` over ``group`` (an all-reduce) in the forward pass; in the backward
     pass the gradient unchanged (every rank holds the same, replicated one). Use it where
