@@ -17,9 +17,11 @@ import pytest
 
 import fcoll as fc
 from fcoll import lax
+from tests import test_lax
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
+mesh = test_lax.mesh  # the fixture: meshes n x 1, 1 x n and 2 x 2
 
 
 @pytest.fixture(autouse=True)
@@ -27,16 +29,6 @@ def _checks() -> Any:
     jax.config.update("jax_enable_checks", True)
     yield
     jax.config.update("jax_enable_checks", False)
-
-
-@pytest.fixture(params=["n_by_1", "1_by_n", "2_by_2"])
-def mesh(request: pytest.FixtureRequest) -> Any:
-    n = fc.get_world_size()
-    shape = {"n_by_1": (n, 1), "1_by_n": (1, n), "2_by_2": (2, 2)}[request.param]
-    if shape[0] * shape[1] != n:
-        pytest.skip("2 x 2 needs 4 ranks")
-    with fc.Mesh(shape, ("dp", "tp")) as m:
-        yield m
 
 
 def value(rank: int, shape: tuple[int, ...], salt: int = 0) -> np.ndarray:

@@ -81,14 +81,18 @@ def test_torch_example_overlap_gives_the_same_bits():
         assert torch.equal(p, q)
 
 
-def test_jax_example_equals_one_process_training():
+@pytest.mark.parametrize("jit", [False, True], ids=["eager_pmean", "whole_step_in_one_jit"])
+def test_jax_example_equals_one_process_training(jit):
+    """Eagerly (pmean between jitted calls) or with the whole step (forward, backward, pmean
+    of gradients and loss, update) in one jax.jit: the ranks agree, and the run equals one
+    process training on the whole batches (and, jitted, the eager run)."""
     jax = pytest.importorskip("jax")
     ex = _example("train_jax")
     x, y = ex.load()
     start = ex.init_params([x.shape[1], 32, 32, 10], seed=0)
     steps = 10
     data = ex.batches(x[:1500], y[:1500], steps)
-    params, losses = ex.train(start, data)
+    params, losses = ex.train(start, data, jit=jit)
     assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
     mine = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(params)])
     assert np.array_equal(mine, fc.broadcast(mine, src=0)), "ranks' parameters differ"
@@ -97,25 +101,10 @@ def test_jax_example_equals_one_process_training():
     # the differences add up over the steps at most (learning rate < 1, parameters ~1).
     scale = max(float(np.max(np.abs(np.asarray(leaf)))) for leaf in jax.tree_util.tree_leaves(params))
     assert ex.max_difference(params, reference) <= steps * 16 * EPS32 * scale
-
-
-def test_jax_example_whole_step_in_one_jit_equals_the_eager_step():
-    """The whole step (forward, backward, pmean of gradients and loss, update) in one
-    jax.jit trains as the eager pmean between jitted calls does, and as one process does."""
-    jax = pytest.importorskip("jax")
-    ex = _example("train_jax")
-    x, y = ex.load()
-    start = ex.init_params([x.shape[1], 32, 32, 10], seed=0)
-    steps = 10
-    data = ex.batches(x[:1500], y[:1500], steps)
-    jitted, jitted_losses = ex.train(start, data, jit=True)
-    eager, eager_losses = ex.train(start, data)
-    np.testing.assert_allclose(jitted_losses, eager_losses, rtol=1e-5)
-    scale = max(float(np.max(np.abs(np.asarray(leaf)))) for leaf in jax.tree_util.tree_leaves(eager))
-    assert ex.max_difference(jitted, eager) <= steps * 16 * EPS32 * scale
-    assert ex.max_difference(jitted, ex.reference(start, data)) <= steps * 16 * EPS32 * scale
-    mine = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(jitted)])
-    assert np.array_equal(mine, fc.broadcast(mine, src=0)), "ranks' parameters differ"
+    if jit:
+        eager, eager_losses = ex.train(start, data)
+        np.testing.assert_allclose(losses, eager_losses, rtol=1e-5)
+        assert ex.max_difference(params, eager) <= steps * 16 * EPS32 * scale
 
 
 def test_tensor_parallel_example_equals_the_unsplit_model():
