@@ -1,6 +1,6 @@
 """Data-parallel training of a JAX MLP: `jax.grad` on each rank's slice, `fcoll.lax.pmean`.
 
-    mpiexec -n 2 .venv/bin/python -m fcoll.run examples/train_jax.py [--steps 150] [--reference]
+    mpiexec -n 2 .venv/bin/python -m fcoll.run examples/train_jax.py [--steps 150] [--reference] [--jit]
 
 The model is a pytree of JAX arrays (three dense layers, 64 -> 256 -> 256 -> 10) trained
 with plain SGD on scikit-learn's bundled digits. Every rank runs the same script: it takes
@@ -9,6 +9,10 @@ jitted `jax.value_and_grad`, and averages the gradient pytree over the ranks wit
 ``fc.lax.pmean(grads, "dp")`` inside ``with fc.Mesh((n,), ("dp",))`` (one fused message;
 JAX arrays in, JAX arrays out). Every rank then takes the same step, so the parameters
 stay equal without ever being sent again.
+
+With ``--jit`` the whole step (forward, backward, ``pmean`` of the gradients and the loss,
+the SGD update) is one ``jax.jit`` function: ``fc.lax.pmean`` on traced values is one of
+fcoll's JAX primitives, run by fcoll inside the compiled step (docs/jax.md, "Inside jit").
 
 Since every slice has the same size, the mean of the slices' gradients is the gradient of
 the whole batch's mean loss: the run equals one process training on the whole batch, up
@@ -89,19 +93,37 @@ def batches(x: np.ndarray, y: np.ndarray, steps: int) -> list[tuple[jax.Array, j
     return out
 
 
-def train(params: Params, data: list[tuple[jax.Array, jax.Array]]) -> tuple[Params, list[float]]:
-    """Data-parallel SGD over the job: each rank its slice, gradients averaged with pmean."""
+def eager_step(params: Params, x: jax.Array, y: jax.Array) -> tuple[Params, jax.Array]:
+    """A step with jitted gradient and update and an eager ``pmean`` between them."""
+    loss, grads = grad_fn(params, x, y)
+    grads = fc.lax.pmean(grads, "dp")  # a pytree of JAX arrays in and out
+    return sgd(params, grads), fc.lax.pmean(loss, "dp")
+
+
+@jax.jit
+def whole_step(params: Params, x: jax.Array, y: jax.Array) -> tuple[Params, jax.Array]:
+    """The whole step in one jitted function: ``pmean`` runs inside it (traced under
+    ``with fc.Mesh``: the group "dp" names is fixed when JAX traces it)."""
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    grads, loss = fc.lax.pmean((grads, loss), "dp")  # one message: gradients and loss
+    stepped: Params = jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
+    return stepped, loss
+
+
+def train(params: Params, data: list[tuple[jax.Array, jax.Array]],
+          jit: bool = False) -> tuple[Params, list[float]]:
+    """Data-parallel SGD over the job: each rank its slice, gradients averaged with pmean
+    (between jitted calls, or with ``jit`` inside one jitted step)."""
     r, n = fc.get_rank(), fc.get_world_size()
     per_rank = GLOBAL_BATCH // n
+    step = whole_step if jit else eager_step
     losses = []
     with fc.Mesh((n,), ("dp",)):
         for x, y in data:
-            loss, grads = grad_fn(params, x[r * per_rank : (r + 1) * per_rank],
-                                  y[r * per_rank : (r + 1) * per_rank])
-            grads = fc.lax.pmean(grads, "dp")  # a pytree of JAX arrays in and out
-            params = sgd(params, grads)
-            losses.append(float(fc.lax.pmean(loss, "dp")))
-    return params, losses
+            params, loss = step(params, x[r * per_rank : (r + 1) * per_rank],
+                                y[r * per_rank : (r + 1) * per_rank])
+            losses.append(loss)
+    return params, [float(loss) for loss in losses]
 
 
 def reference(params: Params, data: list[tuple[jax.Array, jax.Array]]) -> Params:
@@ -128,11 +150,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--reference", action="store_true",
                         help="also train in one process on rank 0 and compare the parameters")
+    parser.add_argument("--jit", action="store_true",
+                        help="the whole step, pmean included, in one jax.jit")
     args = parser.parse_args()
     x, y = load()
     start = init_params([x.shape[1], args.hidden, args.hidden, 10], seed=0)  # same on every rank
     data = batches(x[:1500], y[:1500], args.steps)
-    params, losses = train(start, data)
+    params, losses = train(start, data, jit=args.jit)
     every = max(1, args.steps // 5)
     if fc.get_rank() == 0:
         for step in range(0, args.steps, every):

@@ -9,7 +9,7 @@ Example:
     array([10.])
 """
 
-from fcoll import _abort, debug, dp, lax
+from fcoll import _abort, _autograd, debug, dp, lax
 from fcoll._debug import CollectiveMismatchError
 from fcoll._runtime import abort
 from fcoll.collectives import (
@@ -47,6 +47,7 @@ from fcoll.work import CollectiveTimeoutError, Work, wait_all
 __version__ = "0.1.0"
 
 _abort.install()  # an exception that ends one rank's script ends the job (FCOLL_ABORT_ON_ERROR)
+_autograd.install()  # tensors that require grad get a grad_fn (fcoll.torch.autograd)
 
 __all__ = [
     "CollectiveMismatchError",

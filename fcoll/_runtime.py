@@ -37,6 +37,9 @@ class _State:
     timeout: float | None = None
     debug: str = "off"
     checking: bool = False  # debug != "off": collectives call fcoll._debug.checked
+    # Run before every eager call once jitted JAX functions have collectives: waits for
+    # those dispatched before it (fcoll.xla.handler.wait_for_jitted). None: no such wait.
+    before_call: Callable[[], None] | None = None
 
 
 _state = _State()

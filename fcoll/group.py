@@ -368,6 +368,8 @@ def member(group: object, fn: str) -> tuple[Group, Call]:
         >>> g, call = member(None, "all_reduce")          # at the start of a public call
         >>> backend.allreduce(call, x, MPI.SUM)           # the transport takes the call
     """
+    if _runtime._state.before_call is not None:  # jitted collectives may be in flight
+        _runtime._state.before_call()
     g = (_runtime._state.world or world()) if group is None else resolve_group(group, fn)
     if not g.usable:
         g.comm(fn)  # raises the documented error

@@ -8,6 +8,12 @@ A tree of cupy arrays is reshaped and packed with cupy and stays on its device (
 NCCL where that is the transport); a tree of JAX arrays or torch tensors gives one of the
 same type back (`fcoll._tree.foreign_leaves`); array types mixed in one tree raise `TypeError`.
 
+Inside ``jax.jit`` (``grad``, ``vmap``, ``lax.scan``, ``checkpoint``) a tree holding traced
+values becomes one of fcoll's JAX primitives (`fcoll.xla`): differentiable (the gradient of
+the sum of every rank's loss), batched in one message, run in program order by fcoll's
+transports on XLA's thread. torch tensors that require grad raise `NotImplementedError`
+(fcoll's array collectives carry their gradients).
+
 Example:
     >>> with fc.Mesh((2, 2), ("dp", "tp")):
     ...     grads = fc.lax.pmean(grads, "dp")          # a pytree, averaged over "dp"
@@ -16,23 +22,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import ModuleType
-from typing import Any
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import optree
 
-from fcoll._tree import Array, array_module, foreign_leaves, pack, unpack
-from fcoll.collectives import (
-    all_gather_into_tensor_coalesced,
-    all_reduce_coalesced,
-    all_to_all_single,
-    reduce_scatter_tensor_coalesced,
-)
+from fcoll import _axes
+from fcoll._tree import Array, array_module, foreign_leaves
 from fcoll.group import Group
 from fcoll.mesh import axis_group
-from fcoll.p2p import permute_tensor
 
 AxisName = str | Sequence[str]
 
@@ -41,7 +41,7 @@ def _group(axis_name: AxisName, fn: str) -> Group:
     return axis_group(axis_name, fn)
 
 
-def _leaves(x: Any, fn: str) -> tuple[list[Array], Any, ModuleType]:
+def _leaves(x: Any, fn: str) -> tuple[list[Array], Any, Any]:
     """The leaves of ``x``, its structure, and their array module (numpy or cupy);
     `TypeError` naming the leaf if numpy and cupy leaves mix. Other leaves of a numpy tree
     (scalars) become numpy arrays."""
@@ -50,13 +50,63 @@ def _leaves(x: Any, fn: str) -> tuple[list[Array], Any, ModuleType]:
     return ([np.asarray(leaf) for leaf in leaves] if xp is np else leaves), spec, xp
 
 
-def _reduce(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
-    leaves, spec, _ = _leaves(x, fn)
-    g = _group(axis_name, fn)
-    return optree.tree_unflatten(spec, all_reduce_coalesced(leaves, op, g))
+def _traced(leaves: list[Any]) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
 
 
-@foreign_leaves
+def _refuse_torch_grad(leaves: list[Any], fn: str) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.is_grad_enabled() and any(
+            isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in leaves):
+        raise NotImplementedError(
+            f"{fn}: expected torch tensors that do not require grad, got one that does; "
+            "fcoll.lax has no torch gradients: use fcoll's array collectives (fc.all_reduce, "
+            "...), whose results carry a grad_fn, or call it on .detach()")
+
+
+def _transformable(kind: str, fn: str, eager: Callable[..., Any], x: Any, axis_name: AxisName,
+                   **params: Any) -> Any:
+    """``eager(x)`` (the numpy/cupy/torch/JAX path), or, for a tree holding JAX tracers,
+    fcoll's primitive of ``kind`` (`fcoll.xla.primitives.bind`)."""
+    leaves, spec = optree.tree_flatten(x)
+    if _traced(leaves):
+        from fcoll.xla import primitives
+
+        got = primitives.bind(kind, leaves, _group(axis_name, fn), fn, **params)
+        return optree.tree_unflatten(spec, got)
+    _refuse_torch_grad(leaves, fn)
+    return eager(x)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _named(name: str) -> Callable[[F], F]:
+    """Give the eager body the public name (`foreign_leaves` names it in its errors)."""
+    def rename(fn: F) -> F:
+        fn.__name__ = name
+        return fn
+    return rename
+
+
+def _reducer(fn: str, op: str) -> Callable[[Any, AxisName], Any]:
+    @foreign_leaves
+    @_named(fn)
+    def eager(x: Any, axis_name: AxisName) -> Any:
+        leaves, spec, _ = _leaves(x, fn)
+        return optree.tree_unflatten(spec, _axes.reduce(leaves, _group(axis_name, fn), op))
+    return eager
+
+
+_REDUCERS = {fn: _reducer(fn, op) for fn, op in
+             (("psum", "sum"), ("pmean", "avg"), ("pmax", "max"), ("pmin", "min"))}
+
+
+def _reduction(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
+    return _transformable("psum", fn, lambda t: _REDUCERS[fn](t, axis_name), x, axis_name, op=op)
+
+
 def psum(x: Any, axis_name: AxisName) -> Any:
     """Sum of ``x`` (a pytree) over the ranks along ``axis_name``.
 
@@ -65,10 +115,9 @@ def psum(x: Any, axis_name: AxisName) -> Any:
         ...     fc.lax.psum({"w": np.array([r])}, "dp")
         {'w': array([4])}                         # on ranks 1 and 3 (1 + 3); ranks 0, 2 get [2]
     """
-    return _reduce(x, axis_name, "sum", "psum")
+    return _reduction(x, axis_name, "sum", "psum")
 
 
-@foreign_leaves
 def pmean(x: Any, axis_name: AxisName) -> Any:
     """Mean of ``x`` (a pytree of floating arrays) along ``axis_name``.
 
@@ -77,35 +126,34 @@ def pmean(x: Any, axis_name: AxisName) -> Any:
         ...     fc.lax.pmean([np.array([float(r)])], "tp")
         [array([0.5])]                              # on ranks 0 and 1; ranks 2, 3 get [2.5]
     """
-    return _reduce(x, axis_name, "avg", "pmean")
+    return _reduction(x, axis_name, "avg", "pmean")
 
 
-@foreign_leaves
 def pmax(x: Any, axis_name: AxisName) -> Any:
-    """Elementwise maximum of ``x`` along ``axis_name``.
+    """Elementwise maximum of ``x`` along ``axis_name`` (no gradient).
 
     Example:
         >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r at (r // 2, r % 2)
         ...     fc.lax.pmax(np.array([r, -r]), ("dp", "tp"))
         array([3, 0])                               # on every rank
     """
-    return _reduce(x, axis_name, "max", "pmax")
+    return _reduction(x, axis_name, "max", "pmax")
 
 
-@foreign_leaves
 def pmin(x: Any, axis_name: AxisName) -> Any:
-    """Elementwise minimum of ``x`` along ``axis_name``.
+    """Elementwise minimum of ``x`` along ``axis_name`` (no gradient).
 
     Example:
         >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4; rank r at (r // 2, r % 2)
         ...     fc.lax.pmin(np.array([r]), "dp")
         array([1])                                  # on ranks 1 and 3; ranks 0, 2 get [0]
     """
-    return _reduce(x, axis_name, "min", "pmin")
+    return _reduction(x, axis_name, "min", "pmin")
 
 
 def axis_index(axis_name: AxisName) -> int:
-    """This rank's index along ``axis_name`` (row-major over several names).
+    """This rank's index along ``axis_name`` (row-major over several names); a Python int,
+    also inside ``jit`` (each process is one index).
 
     Example:
         >>> with fc.Mesh((2, 2), ("dp", "tp")):     # mpiexec -n 4
@@ -126,13 +174,14 @@ def axis_size(axis_name: AxisName) -> int:
     return _group(axis_name, "axis_size").size
 
 
-def _axis(value: int, ndim: int, fn: str, name: str) -> int:
-    if type(value) is not int or not -ndim <= value < ndim:
-        raise ValueError(f"{fn}: expected {name} in [{-ndim}, {ndim}), got {value!r}")
-    return value % ndim
-
-
 @foreign_leaves
+@_named("all_gather")
+def _gather(x: Any, axis_name: AxisName, axis: int, tiled: bool) -> Any:
+    leaves, spec, xp = _leaves(x, "all_gather")
+    return optree.tree_unflatten(spec, _axes.all_gather(leaves, _group(axis_name, "all_gather"),
+                                                        axis, tiled, xp))
+
+
 def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False) -> Any:
     """Every rank's ``x`` along ``axis_name``, stacked on a new axis ``axis`` (JAX's
     default), or concatenated along ``axis`` when ``tiled=True``.
@@ -145,21 +194,18 @@ def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = Fals
         ...     fc.lax.all_gather(np.array([r, r]), "dp", tiled=True)
         array([1, 1, 3, 3])                         # on ranks 1 and 3
     """
-    leaves, spec, xp = _leaves(x, "all_gather")
-    g = _group(axis_name, "all_gather")
-    gathered = all_gather_into_tensor_coalesced(leaves, g)
-    out = []
-    for leaf, got in zip(leaves, gathered, strict=True):
-        stacked = got.reshape(g.size, *leaf.shape)
-        if tiled:
-            dim = _axis(axis, leaf.ndim, "all_gather", "axis")
-            out.append(xp.concatenate([stacked[i] for i in range(g.size)], axis=dim))
-        else:
-            out.append(xp.moveaxis(stacked, 0, _axis(axis, leaf.ndim + 1, "all_gather", "axis")))
-    return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
+    return _transformable("all_gather", "all_gather", lambda t: _gather(t, axis_name, axis, tiled),
+                          x, axis_name, axis=axis, tiled=tiled)
 
 
 @foreign_leaves
+@_named("psum_scatter")
+def _scatter(x: Any, axis_name: AxisName, dim: int, tiled: bool) -> Any:
+    leaves, spec, xp = _leaves(x, "psum_scatter")
+    g = _group(axis_name, "psum_scatter")
+    return optree.tree_unflatten(spec, _axes.psum_scatter(leaves, g, dim, tiled, xp))
+
+
 def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
                  tiled: bool = False) -> Any:
     """Sum along ``axis_name``, then keep this rank's block of ``scatter_dimension``.
@@ -172,37 +218,19 @@ def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
         ...     fc.lax.psum_scatter(np.array([[r], [10 * r]]), "tp")
         array([1])                                  # on rank 0 (0 + 1); rank 1 gets [10]
     """
-    fn = "psum_scatter"
-    leaves, spec, xp = _leaves(x, fn)
-    g = _group(axis_name, fn)
-    dims = [_axis(scatter_dimension, leaf.ndim, fn, "scatter_dimension") for leaf in leaves]
-    for leaf, d in zip(leaves, dims, strict=True):
-        if (leaf.shape[d] != g.size) if not tiled else (leaf.shape[d] % g.size):
-            raise ValueError(f"{fn}: expected x.shape[{d}] "
-                             f"{'== ' if not tiled else 'divisible by '}the axis size {g.size}, "
-                             f"got shape {leaf.shape}")
-    moved = [xp.ascontiguousarray(xp.moveaxis(leaf, d, 0)) for leaf, d in zip(leaves, dims,
-                                                                               strict=True)]
-    reduced = reduce_scatter_tensor_coalesced(moved, "sum", g)
-    out = [xp.moveaxis(r, 0, d) if tiled else r[0] for r, d in zip(reduced, dims, strict=True)]
-    return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
-
-
-def _exchange(leaves: list[Array], g: Group, split: list[int],
-              xp: ModuleType) -> list[list[Array]]:
-    """Tiled all-to-all of every leaf in one message: block i of ``split`` goes to rank i;
-    returns, per leaf, the blocks received from each rank. Row i of the message holds the
-    leaves' blocks i, each at `pack`'s aligned offset (so cupy views of it are aligned)."""
-    n = g.size
-    blocks = [xp.split(leaf, n, axis=s) for leaf, s in zip(leaves, split, strict=True)]
-    rows = xp.concatenate([pack([b[i] for b in blocks], xp) for i in range(n)]).reshape(n, -1)
-    received = all_to_all_single(rows, group=g)
-    like = [b[0] for b in blocks]
-    by_rank = [unpack(received[p], like) for p in range(n)]
-    return [[by_rank[p][j] for p in range(n)] for j in range(len(blocks))]
+    return _transformable("psum_scatter", "psum_scatter",
+                          lambda t: _scatter(t, axis_name, scatter_dimension, tiled),
+                          x, axis_name, axis=scatter_dimension, tiled=tiled)
 
 
 @foreign_leaves
+@_named("all_to_all")
+def _to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, tiled: bool) -> Any:
+    leaves, spec, xp = _leaves(x, "all_to_all")
+    g = _group(axis_name, "all_to_all")
+    return optree.tree_unflatten(spec, _axes.all_to_all(leaves, g, split_axis, concat_axis, tiled, xp))
+
+
 def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *,
                tiled: bool = False) -> Any:
     """Split each leaf along ``split_axis`` into one block per rank, send block ``i`` to
@@ -215,42 +243,19 @@ def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *
         ...     fc.lax.all_to_all(np.array([10 * r, 10 * r + 1]), "tp", 0, 0)
         array([ 1, 11])                             # on rank 1 (element 1 of ranks 0 and 1)
     """
-    fn = "all_to_all"
-    leaves, spec, xp = _leaves(x, fn)
-    g = _group(axis_name, fn)
-    plans = [_all_to_all_plan(leaf, g.size, split_axis, concat_axis, tiled) for leaf in leaves]
-    prepared = [leaf if pre is None else xp.expand_dims(leaf, pre)
-                for leaf, (pre, _, _, _) in zip(leaves, plans, strict=True)]
-    received = _exchange(prepared, g, [split for _, split, _, _ in plans], xp)
-    out = []
-    for parts, (_, split, concat, squeeze) in zip(received, plans, strict=True):
-        joined = xp.concatenate(parts, axis=concat)
-        out.append(joined.squeeze(axis=split) if squeeze else joined)
-    return optree.tree_unflatten(spec, [xp.ascontiguousarray(o) for o in out])
-
-
-def _all_to_all_plan(leaf: Array, n: int, split_axis: int, concat_axis: int,
-                     tiled: bool) -> tuple[int | None, int, int, bool]:
-    """``(axis to insert first or None, split axis, concat axis, squeeze split axis)``."""
-    fn = "all_to_all"
-    split = _axis(split_axis, leaf.ndim, fn, "split_axis")
-    concat = _axis(concat_axis, leaf.ndim, fn, "concat_axis")
-    if tiled:
-        if leaf.shape[split] % n:
-            raise ValueError(f"{fn}: expected x.shape[{split}] divisible by the axis size {n}, "
-                             f"got shape {leaf.shape}")
-        return None, split, concat, False
-    if leaf.shape[split] != n:
-        raise ValueError(f"{fn}: expected x.shape[{split}] == the axis size {n} (tiled=False), "
-                         f"got shape {leaf.shape}")
-    if split == concat:
-        return None, split, concat, False
-    if split < concat:
-        return concat + 1, split, concat + 1, True
-    return concat, split + 1, concat, True
+    return _transformable("all_to_all", "all_to_all",
+                          lambda t: _to_all(t, axis_name, split_axis, concat_axis, tiled),
+                          x, axis_name, split_axis=split_axis, concat_axis=concat_axis, tiled=tiled)
 
 
 @foreign_leaves
+@_named("ppermute")
+def _permute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
+    leaves, spec, xp = _leaves(x, "ppermute")
+    g = _group(axis_name, "ppermute")
+    return optree.tree_unflatten(spec, _axes.ppermute(leaves, g, _axes.sources(perm, g.size), xp))
+
+
 def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
     """Send ``x`` from ``src`` to ``dst`` for each ``(src, dst)`` in ``perm`` (indices along
     ``axis_name``); ranks that receive nothing get zeros.
@@ -261,22 +266,11 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
         array([0])                                  # on rank 2 (from rank 0); ranks 0, 1 get [0] (zeros)
         array([1])                                  # on rank 3 (from rank 1)
     """
-    fn = "ppermute"
-    leaves, spec, xp = _leaves(x, fn)
-    g = _group(axis_name, fn)
-    src_dst: list[int | None] = [None] * g.size
-    for pair in perm:
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise ValueError(f"{fn}: expected perm to be (src, dst) pairs, got {perm!r}")
-        src, dst = pair
-        if src_dst[src] is not None:
-            raise ValueError(f"{fn}: expected each source once in perm, got {perm!r}")
-        src_dst[src] = dst
-    return optree.tree_unflatten(spec, unpack(permute_tensor(pack(leaves, xp), src_dst, g),
-                                              leaves))
+    src_dst = _axes.sources(perm, _group(axis_name, "ppermute").size)
+    return _transformable("ppermute", "ppermute", lambda t: _permute(t, axis_name, perm),
+                          x, axis_name, src_dst=src_dst)
 
 
-@foreign_leaves
 def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:
     """`ppermute` with ``perm[i]`` = the index whose ``x`` rank ``i`` receives.
 

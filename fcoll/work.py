@@ -121,7 +121,7 @@ def fast_eligible(g: Any) -> bool:
     deadline and no debug checks."""
     s = _runtime._state
     return (g.usable and s.world.usable and not s.checking and s.timeout is None
-            and g.timeout is None)
+            and g.timeout is None and s.before_call is None)
 
 
 def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
@@ -318,6 +318,8 @@ class Work:
         self._waited = True
         if self._has_value:
             return self._value
+        if (before := _runtime.settings().before_call) is not None:  # jitted collectives
+            before()
         if timeout is None:
             group_timeout = self._op.group.timeout
             seconds = group_timeout if group_timeout is not None else _runtime.settings().timeout

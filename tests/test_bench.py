@@ -93,6 +93,22 @@ def test_training_benches_run_at_two_ranks(script, tmp_path):
     assert float(row["n"]) == 2 and "| 2 |" in done.stdout
 
 
+def test_transforms_bench_runs_at_two_ranks(tmp_path):
+    """bench/bench_transforms.py, tiny: every implementation of table 1 at 8 B, the training
+    step both ways and each torch op forward and forward + backward, in the CSV and tables."""
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    done = jobs.run(2, sys.executable, str(ROOT / "bench" / "bench_transforms.py"), "--sizes", "8",
+                    "--batches", "1", "--out", str(tmp_path), timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.DictReader((tmp_path / "transforms.csv").open()))
+    impls = {row["impl"] for row in rows}
+    assert {"fcoll jit", "io_callback", "fcoll.lax eager (JAX)", "whole step in one jit",
+            "eager pmean", "all_reduce forward + backward"} <= impls, impls
+    assert all(float(row["us"]) > 0 for row in rows)
+    assert (tmp_path / "transforms.png").exists() and "| 8 B |" in done.stdout
+
+
 def test_shared_memory_ab_bench_runs_at_two_ranks():
     """bench/shm_movement.py (fcoll with the segment against fcoll on MPI, one job), tiny:
     a line with the three ratios per op and size, and the setting restored."""

@@ -4,6 +4,7 @@ public property has a docstring, and the wheel ships ``py.typed``. Local only (n
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
 from collections.abc import Iterator
@@ -45,7 +46,12 @@ def _class_members(qualname: str, cls: type) -> Iterator[tuple[str, Any, bool]]:
 def public_api() -> list[tuple[str, Any, bool]]:
     """Everything that must be documented: (qualified name, object, needs an example)."""
     found: list[tuple[str, Any, bool]] = []
-    for module in (fc, fc.lax, fc.dp):
+    modules: list[Any] = [fc, fc.lax, fc.dp]
+    if importlib.util.find_spec("torch") is not None:
+        import fcoll.torch
+
+        modules.append(fcoll.torch)
+    for module in modules:
         for qualname, value in _module_api(module):
             found.append((qualname, value, True))
             if inspect.isclass(value) and not issubclass(value, fc.ReduceOp):

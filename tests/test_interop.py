@@ -159,11 +159,13 @@ def test_zero_d_and_empty(kind: str, group: G) -> None:
         same(kind, fc.all_reduce(to_kind(x, kind), group=group.arg), fc.all_reduce(x, group=group.arg))
 
 
-def test_requires_grad_is_read_and_not_passed_on(group: G) -> None:
+def test_requires_grad_is_read_and_passed_on(group: G) -> None:
     torch = pytest.importorskip("torch")
     w = torch.ones(3, requires_grad=True)
-    y = fc.all_reduce(w * 2, group=group.arg)  # a non-leaf with a graph
-    assert not y.requires_grad and y.tolist() == [2.0 * group.size] * 3
+    y = fc.all_reduce(w * 2, group=group.arg)  # a non-leaf with a graph: gradients flow (test_autograd.py)
+    assert y.requires_grad and y.grad_fn is not None and y.tolist() == [2.0 * group.size] * 3
+    with torch.no_grad():
+        assert not fc.all_reduce(w * 2, group=group.arg).requires_grad
 
 
 def test_mixing_array_types_names_the_argument_before_sending(kind: str, group: G) -> None:

@@ -131,14 +131,16 @@ def test_object_collectives_carry_tensors_by_pickle(kind: str, group: G) -> None
         same(kind, g["x"], data(i, (2,), np.float32, 60))
 
 
-def test_a_traced_jax_value_is_refused_naming_the_leaf(world_size: int) -> None:
+def test_a_traced_jax_value_goes_through_lax_and_is_refused_by_array_collectives(
+        world_size: int) -> None:
     jax = pytest.importorskip("jax")
 
     @jax.jit
     def traced(x: Any) -> Any:
         with fc.Mesh((world_size,), ("x",)):
-            return fc.lax.psum({"w": x}, "x")["w"]
+            return fc.lax.psum({"w": x}, "x")["w"]  # a JAX primitive (tests/test_jit.py)
 
-    with pytest.raises(TypeError, match=r"psum: expected leaf \['w'\] to be a concrete jax\.Array, "
-                                        r"got a traced value"):
-        traced(jax.numpy.ones(2))
+    assert np.asarray(traced(jax.numpy.ones(2))).tolist() == [world_size] * 2
+    with pytest.raises(TypeError, match=r"all_reduce: expected x to be a concrete jax\.Array, "
+                                        r"got a traced value .*fcoll\.lax"):
+        jax.jit(lambda x: fc.all_reduce(x))(jax.numpy.ones(2))

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("GPU collectives", ("fcoll.gpu.events", "fcoll.gpu.fast", "fcoll.gpu.collectives",
                          "fcoll.gpu.lists", "fcoll.gpu.neighbors", "fcoll.gpu.route")),
     ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),
-    ("on top", ("fcoll.lax", "fcoll.dp", "fcoll.gpu", "fcoll.debug")),
+    ("on top", ("fcoll.lax", "fcoll._axes", "fcoll.xla", "fcoll.dp", "fcoll.gpu", "fcoll.debug",
+                "fcoll.torch", "fcoll._autograd")),
     ("public names", ("fcoll.__init__",)),
     ("tooling", ("fcoll.testing", "fcoll.cli", "fcoll.__main__", "fcoll.run")),
 ]

@@ -1,4 +1,5 @@
-"""examples/train_torch.py and examples/train_jax.py, briefly, at the suite's world size.
+"""examples/train_torch.py, examples/train_jax.py (eager and jitted steps) and
+examples/tensor_parallel.py, briefly, at the suite's world size.
 
 Each trains a small model data-parallel in this job (every rank of the suite runs the
 test) and checks what a wrong average would break: the ranks end bit-identical, the run
@@ -72,14 +73,18 @@ def test_torch_example_overlap_gives_the_same_bits():
         assert torch.equal(p, q)
 
 
-def test_jax_example_equals_one_process_training():
+@pytest.mark.parametrize("jit", [False, True], ids=["eager_pmean", "whole_step_in_one_jit"])
+def test_jax_example_equals_one_process_training(jit):
+    """Eagerly (pmean between jitted calls) or with the whole step (forward, backward, pmean
+    of gradients and loss, update) in one jax.jit: the ranks agree, and the run equals one
+    process training on the whole batches (and, jitted, the eager run)."""
     jax = pytest.importorskip("jax")
     ex = _example("train_jax")
     x, y = ex.load()
     start = ex.init_params([x.shape[1], 32, 32, 10], seed=0)
     steps = 10
     data = ex.batches(x[:1500], y[:1500], steps)
-    params, losses = ex.train(start, data)
+    params, losses = ex.train(start, data, jit=jit)
     assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
     mine = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(params)])
     assert np.array_equal(mine, fc.broadcast(mine, src=0)), "ranks' parameters differ"
@@ -88,3 +93,18 @@ def test_jax_example_equals_one_process_training():
     # the differences add up over the steps at most (learning rate < 1, parameters ~1).
     scale = max(float(np.max(np.abs(np.asarray(leaf)))) for leaf in jax.tree_util.tree_leaves(params))
     assert ex.max_difference(params, reference) <= steps * 16 * EPS32 * scale
+    if jit:
+        eager, eager_losses = ex.train(start, data)
+        np.testing.assert_allclose(losses, eager_losses, rtol=1e-5)
+        assert ex.max_difference(params, eager) <= steps * 16 * EPS32 * scale
+
+
+def test_tensor_parallel_example_equals_the_unsplit_model():
+    torch = pytest.importorskip("torch")
+    ex = _example("tensor_parallel")
+    mine, whole, losses = ex.train(4)
+    together = ex.gathered(mine)
+    for name, value in whole.items():
+        torch.testing.assert_close(together[name], value.detach(), rtol=1e-12, atol=1e-12)
+    assert mine["w1"].shape == (ex.IN, ex.HIDDEN // fc.get_world_size())
+    assert losses[-1] < losses[0], losses

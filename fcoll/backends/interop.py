@@ -4,14 +4,17 @@ The rule: **the result has the input's array type and device**. `run` calls a pu
 collective with every torch tensor or JAX array among its arguments seen as the array the
 rest of fcoll takes, and turns the arrays in its result (lists and `Work` results too) back:
 
-- torch on the CPU: a zero-copy numpy view (``detach()``: a tensor that requires grad is
-  read, and the result does not require grad); bfloat16, which numpy lacks, as its bits
+- torch on the CPU: a zero-copy numpy view (``detach()``); bfloat16, which numpy lacks, as its bits
   (``view(int16)``, then ``ml_dtypes.bfloat16``). Results come back with ``torch.from_numpy``
   (no copy).
 - JAX on the CPU: ``numpy.asarray`` (zero-copy, read-only: fcoll never writes its inputs);
   results come back with ``jax.device_put`` onto the input's device.
 - torch on CUDA and JAX on a GPU: DLPack into cupy (no copy), so the GPU path serves them
   (NCCL, or MPI); results come back through DLPack on the same device.
+
+A call with a tensor that requires grad, while torch's grad mode is on, goes to the
+autograd rules instead (`fcoll.torch.autograd`, above this layer: `on_grad` installs the
+route to them, so nothing here imports upward).
 
 torch and JAX are never imported here: an array is recognised through ``sys.modules``
 (`kind`), so numpy users never load them. One call takes one array type: mixing them raises
@@ -86,8 +89,9 @@ def _torch_in(t: Any, fn: str, name: str) -> Any:
 def _jax_in(x: Any, fn: str, name: str) -> Any:
     if isinstance(x, sys.modules["jax"].core.Tracer):
         raise TypeError(f"{fn}: expected {name} to be a concrete jax.Array, got a traced value "
-                        f"({type(x).__name__}); fcoll's collectives run eagerly: call them "
-                        "outside jit/grad/vmap, between jitted steps")
+                        f"({type(x).__name__}); fcoll's array collectives run eagerly: inside "
+                        "jit/grad/vmap use fcoll.lax (psum, all_gather, ...), or call them "
+                        "between jitted steps")
     device = next(iter(x.devices()))
     if device.platform == "cpu":
         return np.asarray(x)
@@ -174,6 +178,24 @@ def _arrays(value: Any, name: str) -> list[tuple[str, Any]]:
     return [(name, value)] if array and not isinstance(value, type) else []  # not a fcoll.Mesh
 
 
+# The route to the autograd rules (`fcoll._autograd.route`), installed by `fcoll/__init__`.
+_GRAD: list[Callable[..., Any]] = []
+
+
+def on_grad(route: Callable[..., Any]) -> None:
+    """Send calls with a torch tensor that requires grad to ``route(numpy_fn, fn, args,
+    kwargs)`` (while torch's grad mode is on)."""
+    _GRAD[:] = [route]
+
+
+def _requires_grad(named: Sequence[tuple[str, Any]]) -> bool:
+    """Whether grad mode is on and one of the call's tensors requires grad."""
+    if not sys.modules["torch"].is_grad_enabled():
+        return False
+    return any(getattr(a, "requires_grad", False) for name, value in named
+               for _, a in _arrays(value, name))
+
+
 def _one_kind(fn: str, named: Sequence[tuple[str, Any]]) -> Any:
     """The first torch/JAX array among the call's arrays; `TypeError` naming an argument
     of another array type."""
@@ -198,6 +220,8 @@ def run(numpy_fn: Callable[..., Any], fn: str, *args: Any, **kwargs: Any) -> Any
     names = _parameters(numpy_fn)
     named = [*zip(names, args, strict=False), *kwargs.items()]
     like = _one_kind(fn, named)
+    if _GRAD and kind(like) == "torch" and _requires_grad(named):
+        return _GRAD[0](numpy_fn, fn, args, kwargs)
     native_args = tuple(to_native(a, fn, n) for n, a in zip(names, args, strict=False))
     native_kwargs = {k: to_native(v, fn, k) for k, v in kwargs.items()}
     return back(numpy_fn(*native_args, **native_kwargs), like)
