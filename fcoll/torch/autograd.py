@@ -70,9 +70,10 @@ def _linear_op(op: object, fn: str, name: str) -> ReduceOp | PremulSum:
     resolved = resolve_op(op, fn)
     if isinstance(resolved, PremulSum) or resolved in LINEAR:
         return resolved
+    shown = resolved.value if isinstance(resolved, ReduceOp) else f"the ufunc {resolved.__name__}"
     raise NotImplementedError(
         f"{fn}: expected op sum, avg or premul_sum for {name} that requires grad, got "
-        f"{resolved.value}; {resolved.value} has no gradient in fcoll: call it on "
+        f"{shown}; {shown} has no gradient in fcoll: call it on "
         f"{name}.detach() or under torch.no_grad()")
 
 
