@@ -110,6 +110,9 @@ EOF
 # --- 1. the GPU tests -------------------------------------------------------------------
 tests=(tests/test_gpu.py)
 for file in tests/test_gpu_*.py; do [ -e "$file" ] && tests+=("$file"); done
+# The gpu-marked tests of the transformations: CUDA tensors' gradients, jitted collectives
+# on GPU arrays.
+tests+=(tests/test_autograd.py tests/test_jit.py)
 for part in "1 nccl" "1 mpi" "2 mpi"; do
   read -r n transport <<<"$part"
   name="gpu tests n=$n $transport"
