@@ -426,6 +426,8 @@ static PyObject *reduce_steps(Core *c, Args *a, PyArrayObject *out, Py_ssize_t t
     /* this rank's own row: its input (the slot its peers read is then left to them), or the
      * copy it published when that copy is what counts (scaled) or the input is unaligned */
     int scale = a->flags & F_SCALE, published = scale || !PyArray_ISALIGNED(a->x);
+    Py_ssize_t all_bytes = total * esz;
+    if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
     Py_ssize_t per = c->chunk / esz, count_all = total;
     const char *rows[256];
     for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
@@ -459,6 +461,34 @@ static PyObject *Core_allreduce(Core *c, PyObject *args) {
                                  PyArray_BYTES(out), 0);
     Py_DECREF(out);
     return res;
+}
+
+/* allreduce_into(out, x, type, op, flags, factor, fp, deadline): allreduce into out (writable,
+ * C-contiguous, x's dtype and size; it may be x itself): out, or None where allreduce's is */
+static PyObject *Core_allreduce_into(Core *c, PyObject *args) {
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "_shmcore.allreduce_into: expected out first");
+        return NULL;
+    }
+    PyObject *given = PyTuple_GET_ITEM(args, 0), *rest = PyTuple_GetSlice(args, 1, nargs);
+    if (rest == NULL) return NULL;
+    Args a;
+    int r = parse(rest, &a, 1);
+    Py_DECREF(rest);
+    if (r != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
+    Py_ssize_t nbytes = PyArray_NBYTES(a.x);
+    if ((nbytes < c->chunk ? nbytes : c->chunk) > c->capacity || c->n > 256) Py_RETURN_NONE;
+    if (!PyArray_Check(given) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)given) ||
+        PyArray_NBYTES((PyArrayObject *)given) != nbytes ||
+        !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)given), PyArray_DESCR(a.x))) {
+        PyErr_SetString(PyExc_ValueError, "_shmcore.allreduce_into: out must be a writable "
+                                          "C-contiguous array of x's dtype and size");
+        return NULL;
+    }
+    PyArrayObject *out = (PyArrayObject *)given;
+    return reduce_steps(c, &a, out, PyArray_SIZE(a.x), PyArray_BYTES(a.x), PyArray_BYTES(out), 0);
 }
 
 /* scan: rank r folds ranks 0..r (inclusive) or 0..r-1 (exclusive; rank 0's result is left to
@@ -676,6 +706,8 @@ static PyGetSetDef Core_getset[] = {
 static PyMethodDef Core_methods[] = {
     {"allreduce", (PyCFunction)Core_allreduce, METH_VARARGS,
      "allreduce(x, type, op, flags, factor, fp, deadline): a new array, or None"},
+    {"allreduce_into", (PyCFunction)Core_allreduce_into, METH_VARARGS,
+     "allreduce_into(out, x, type, op, flags, factor, fp, deadline): out, or None"},
     {"scan", (PyCFunction)Core_scan, METH_VARARGS,
      "scan(x, type, op, flags, factor, fp, deadline): ranks 0..r (F_EXCLUSIVE: 0..r-1)"},
     {"reduce_scatter", (PyCFunction)Core_reduce_scatter, METH_VARARGS,
