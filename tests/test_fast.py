@@ -3,6 +3,8 @@ and stand aside whenever a deadline, debug checks or an unusual input is involve
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -165,3 +167,34 @@ def test_rank_lists_and_groups_with_deadlines_learn_nothing(world_size):
         assert fc.all_reduce(x, group=timed)[0] == world_size
     assert set(_fast.ALL_REDUCE) == before
     timed.destroy()
+
+
+# -- the compiled core's own callable ---------------------------------------------------------
+
+
+def test_with_the_compiled_core_a_repeated_call_is_one_c_call(world_size):
+    """Once a group's segment steps in C, its fast path is the core's `Fast`: it counts the
+    call, records it in the flight record and returns the same result."""
+    from fcoll import _trace
+    from fcoll.backends import native
+
+    if world_size < 2 or not native.running() or os.environ.get("FCOLL_SHM", "auto") == "0":
+        pytest.skip("needs the compiled core and the segment (2 or more ranks)")
+    g = fc.world().split(0)
+    x = np.arange(2 * world_size, dtype=np.float32) + fc.get_rank()
+    calls = {"all_reduce": (_fast.ALL_REDUCE, (g, ("sum", x.dtype)), lambda: fc.all_reduce(x, group=g)),
+             "reduce_scatter_tensor": (_fast.REDUCE_SCATTER, (g, ("sum", x.dtype)),
+                                       lambda: fc.reduce_scatter_tensor(x, group=g)),
+             "all_gather_into_tensor": (_fast.ALL_GATHER, (g, x.dtype),
+                                        lambda: fc.all_gather_into_tensor(x, group=g)),
+             "broadcast": (_fast.BROADCAST, (g, (1, x.dtype)), lambda: fc.broadcast(x, 1, group=g))}
+    for name, (table, key, call) in calls.items():
+        first, second = call(), call()  # the full path, then the closure that swaps itself
+        assert type(table[key]).__name__ == "Fast", name
+        seq = g.seq
+        third = call()
+        assert g.seq == seq + 1 and same_bits(third, second) and same_bits(second, first), name
+        if _trace.RING:
+            entry = _trace.RING.calls[(_trace.RING.pos[0] - 1) & _trace.RING.mask]
+            assert entry is not None and entry[1:3] == (g.seq, name), entry
+    g.destroy()
