@@ -99,8 +99,11 @@ def learn_reduction(table: dict[Any, Fast], key: Any, g: Group, plan: Any, share
                             swap=swap)
         table[key] = reduce_scatter(g, mpi_op, shared, native=core)
     else:
-        swap = _native.swapper(table, key, g, "reduce", "all_reduce", plan.fp, kernel)
-        table[key] = _native.all_reduce(g, mpi_op, shared, kernel, plan.fp, swap)
+        swap = _native.swapper(table, key, g, "reduce", "all_reduce", plan.fp,
+                               kernel) if shared <= 0 else None
+        core = _native.call(g, "all_reduce", "allreduce", *kernel, plan.fp, -1.0, swap=swap)
+        mpi = all_reduce(g, mpi_op) if mpi_op is not None else None
+        table[key] = _native.all_reduce(g, shared, core, mpi)
 
 
 def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..., np.ndarray],

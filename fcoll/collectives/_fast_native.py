@@ -54,53 +54,17 @@ def swapper(table: dict[Any, Fast], key: Any, g: Any, kind: str, name: str, fp: 
     return swap
 
 
-def all_reduce(g: Any, mpi_op: Any, shared: float, kernel: tuple[int, int, int, float],
-               fp: int, swap: Callable[[], None] | None = None) -> Fast:
-    """all_reduce through the core (``kernel``: `fcoll.backends.native.kernel`) from
-    ``shared`` bytes; below, MPI's op where it reduces (``mpi_op``), else the full path.
-    ``swap`` (`swapper`): called once the segment steps in C, where every size goes there."""
-    comm, empty = g._comm, np.empty
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
-    kind, op, flags, factor = kernel
-    mismatch = module().Mismatch
+def all_reduce(g: Any, shared: float, core: Fast, mpi: Fast | None) -> Fast:
+    """all_reduce through the core (``core``: a `call`) from ``shared`` bytes on a group
+    whose segment is made; below, and on a group that spans nodes, ``mpi`` (the MPI fast
+    path where MPI's op reduces), else the full path."""
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if not x.flags.c_contiguous:
             return None
-        seg = g.shm
-        if x.nbytes >= shared:
-            if not seg or x.nbytes > seg.capacity or (core := seg.core) is None:
-                return None if seg is not False or mpi_op is None else _mpi(x)
-            if swap is not None and shared <= 0:
-                swap()
-            g.seq += 1
-            i = pos[0]
-            if calls is not None:
-                pos[0] = i + 1
-                i &= mask
-                calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
-            try:
-                y: np.ndarray = core.allreduce(x, kind, op, flags, factor, fp, -1.0)
-            except mismatch as error:
-                raise told(g, "all_reduce", error.args[0]) from None
-            if calls is not None:
-                ends[i] = clock()
-            return y
-        return None if mpi_op is None else _mpi(x)
-
-    def _mpi(x: np.ndarray) -> np.ndarray:
-        g.seq += 1
-        out = empty(x.shape, x.dtype)
-        if calls is None:
-            comm.Allreduce(x, out, mpi_op)
-            return out
-        i = pos[0]
-        pos[0] = i + 1
-        i &= mask
-        calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
-        comm.Allreduce(x, out, mpi_op)
-        ends[i] = clock()
-        return out
+        if x.nbytes >= shared and g.shm is not False:  # False: the group spans nodes
+            return core(x)
+        return None if mpi is None else mpi(x)
 
     return run
 
