@@ -24,6 +24,7 @@ if os.environ.get("FCOLL_SANITIZE") == "1":
               "-fno-omit-frame-pointer", "-O1", "-g", "-DFCOLL_NO_CLONES"]
     link += ["-fsanitize=address,undefined"]
 
-setup(ext_modules=[Extension("fcoll.backends._shmcore", ["fcoll/backends/_shmcore.c"],
+sources = [f"fcoll/backends/{name}.c" for name in ("_shmcore", "_shmfold", "_shmfast")]
+setup(ext_modules=[Extension("fcoll.backends._shmcore", sources, depends=["fcoll/backends/_shmcore.h"],
                              include_dirs=[numpy.get_include()], extra_compile_args=flags,
                              extra_link_args=link, optional=True)])

@@ -21,6 +21,8 @@ float32 reduce_scatter, all_gather and broadcast 8 B to 64 KiB (n = 2) or 1 MiB 
 Each implementation's batch holds about 15 ms of calls (from a probe; 3 to 5,000 calls).
 Ratios are medians of per-batch ratios. Writes ``native.csv``, ``native.md`` and
 ``native_latency_n{N}.png`` to ``--out`` (default ``bench/results/<date>``).
+``FCOLL_BENCH_MPIEXEC`` names another launcher with its flags (default: the ``mpiexec``
+beside this Python).
 """
 
 from __future__ import annotations
@@ -181,9 +183,11 @@ def worker(batches: int, gloo: bool, sizes: list[int]) -> None:
 def _launch(n: int, native: bool, args: argparse.Namespace) -> list[list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_"))}
     env.update({"FCOLL_NATIVE": "auto" if native else "0", "OMP_NUM_THREADS": "1"})
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    flags = ["-bind-to", "core"] if n > (os.cpu_count() or 1) else []
-    cmd = [str(mpiexec), *flags, "-n", str(n), sys.executable, __file__, "--worker",
+    launcher = os.environ.get("FCOLL_BENCH_MPIEXEC", "").split()  # e.g. another MPI's, with flags
+    if not launcher:
+        launcher = [str(Path(sys.executable).parent / "mpiexec")]
+        launcher += ["-bind-to", "core"] if n > (os.cpu_count() or 1) else []
+    cmd = [*launcher, "-n", str(n), sys.executable, __file__, "--worker",
            "--batches", str(args.batches), "--sizes", *map(str, args.sizes)] + (
                [] if args.gloo else ["--no-gloo"])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, check=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         from tests import fake_cupy
 
         fake_cupy.uninstall()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _jitted_collectives_done() -> Iterator[None]:
+    """A module that traced collectives inside jax.jit arms the wait of eager calls for
+    jitted ones, which keeps the fast paths off for the rest of the process: disarm it after
+    the module, so that later modules see fcoll as a program without jit does."""
+    yield
+    if "fcoll.xla.handler" in sys.modules:
+        sys.modules["fcoll.xla.handler"].disarm()
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,7 @@ BAD_CALLS = [
     (TypeError, r"got <U1", lambda n: fc.all_gather(np.array(["a"]))),
     (TypeError, r"got datetime64", lambda n: fc.broadcast(np.array(["2020"], "datetime64[D]"))),
     (ValueError, r"expected op in .* got 'total'", lambda n: fc.all_reduce(X, "total")),
-    (TypeError, r"expected op to be a str, fcoll.ReduceOp .* got int", lambda n: fc.all_reduce(X, 3)),
+    (TypeError, r"expected op to be a str, fcoll.ReduceOp.* got int", lambda n: fc.all_reduce(X, 3)),
     (TypeError, r"expected a floating or complex dtype for ReduceOp.AVG, got int32",
      lambda n: fc.all_reduce(np.ones(2, np.int32), "avg")),
     (TypeError, r"expected a floating or complex dtype .* got bool",

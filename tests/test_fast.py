@@ -3,12 +3,16 @@ and stand aside whenever a deadline, debug checks or an unusual input is involve
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import fcoll as fc
 from fcoll import _runtime
+from fcoll._plan import reduction_plan
 from fcoll.collectives import _fast
+from fcoll.collectives._fold import native_kernel
 from tests.helpers import data, reference, same_bits
 
 CALLS = {
@@ -130,11 +134,22 @@ def _groups(world_size: int) -> dict[str, fc.Group]:
             "evens": fc.new_group(list(range(0, world_size, 2)))}
 
 
+def _served(name: str, x: np.ndarray, g: fc.Group) -> bool:
+    """Whether a fast path serves ``name`` on ``g``: data movement always; a reduction where
+    MPI's op reduces ``x`` as it is (ints; floats at two ranks) or the compiled core folds it
+    (with FCOLL_NATIVE=0 a float sum over three ranks, or a float max, has none)."""
+    if not name.startswith(("all_reduce", "reduce_scatter")):
+        return True
+    plan = reduction_plan(x, "max" if "max" in name else "sum", g, name.split()[0])
+    return bool(plan.direct) or native_kernel(plan) is not None
+
+
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
 @pytest.mark.parametrize("name", list(GROUP_CALLS))
 def test_a_group_passed_as_such_learns_its_own_fast_path(name, dtype, world_size):
-    """The second call on a Group finds its own closure (keyed by the group); results match
-    numpy on every layout, and the default group's table is not touched."""
+    """The second call on a Group finds its own closure (keyed by the group) exactly where a
+    fast path serves the call; results match numpy on every layout, and the default group's
+    table is not touched."""
     for label, g in _groups(world_size).items():
         if g.rank < 0:
             continue
@@ -145,7 +160,8 @@ def test_a_group_passed_as_such_learns_its_own_fast_path(name, dtype, world_size
         default_keys = {k for k in TABLES[name] if type(k) is not tuple or type(k[0]) is not fc.Group}
         for variant in (x, x, np.asfortranarray(x), x.copy()):
             assert same_bits(GROUP_CALLS[name](variant, g), want), (label, name)
-        assert any(type(k) is tuple and k[0] is g for k in TABLES[name]), (label, list(TABLES[name]))
+        learned = any(type(k) is tuple and k[0] is g for k in TABLES[name])
+        assert learned == _served(name, x, g), (label, list(TABLES[name]))
         assert {k for k in TABLES[name] if type(k) is not tuple or type(k[0]) is not fc.Group} \
             == default_keys
         g.destroy()
@@ -165,3 +181,36 @@ def test_rank_lists_and_groups_with_deadlines_learn_nothing(world_size):
         assert fc.all_reduce(x, group=timed)[0] == world_size
     assert set(_fast.ALL_REDUCE) == before
     timed.destroy()
+
+
+# -- the compiled core's own callable ---------------------------------------------------------
+
+
+def test_with_the_compiled_core_a_repeated_call_is_one_c_call(world_size):
+    """Once a group's segment steps in C, its fast path is the core's `Fast`: it counts the
+    call, records it in the flight record and returns the same result."""
+    from fcoll import _trace
+    from fcoll.backends import native
+
+    if world_size < 2 or not native.running() or os.environ.get("FCOLL_SHM", "auto") == "0":
+        pytest.skip("needs the compiled core and the segment (2 or more ranks)")
+    g = fc.world().split(0)
+    x = np.arange(2 * world_size, dtype=np.float32) + fc.get_rank()
+    calls = {"all_reduce": (_fast.ALL_REDUCE, (g, ("sum", x.dtype)), lambda: fc.all_reduce(x, group=g)),
+             "reduce_scatter_tensor": (_fast.REDUCE_SCATTER, (g, ("sum", x.dtype)),
+                                       lambda: fc.reduce_scatter_tensor(x, group=g)),
+             "all_gather_into_tensor": (_fast.ALL_GATHER, (g, x.dtype),
+                                        lambda: fc.all_gather_into_tensor(x, group=g)),
+             "broadcast": (_fast.BROADCAST, (g, (1, x.dtype)), lambda: fc.broadcast(x, 1, group=g))}
+    for name, (table, key, call) in calls.items():
+        first, second = call(), call()  # the full path, then the closure that swaps itself
+        if g.shm is False:
+            pytest.skip("the group spans nodes (FCOLL_SHM_NODE_SIZE): MPI serves it")
+        assert type(table[key]).__name__ == "Fast", name
+        seq = g.seq
+        third = call()
+        assert g.seq == seq + 1 and same_bits(third, second) and same_bits(second, first), name
+        if _trace.RING:
+            entry = _trace.RING.calls[(_trace.RING.pos[0] - 1) & _trace.RING.mask]
+            assert entry is not None and entry[1:3] == (g.seq, name), entry
+    g.destroy()

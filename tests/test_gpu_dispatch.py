@@ -203,6 +203,8 @@ ROUTED: dict[str, Any] = {
     "reduce_scatter_tensor_coalesced": lambda a, n: fc.reduce_scatter_tensor_coalesced([a]),
     "all_gather_into_tensor_coalesced": lambda a, n: fc.all_gather_into_tensor_coalesced([a]),
     "permute_tensor": lambda a, n: fc.permute_tensor(a, list(range(n))),
+    "sendrecv": lambda a, n: fc.sendrecv(a, fc.get_rank(), fc.get_rank()),
+    "halo_exchange": lambda a, n: fc.halo_exchange(a, fc.Mesh((n,), ("x",)), 1),
 }
 
 

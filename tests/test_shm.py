@@ -162,7 +162,8 @@ def test_the_segment_grows_and_serves_each_call(world_size):
         small = np.ones(8, np.float32)
         assert fc.all_reduce(small, group=g).tolist() == [world_size] * 8
         assert (g.shm is None) == (small.nbytes < lo)  # made at the first call of its sizes
-        for count in [max(lo, 4) // 4, 200_000, shm.CHUNK // 2]:  # the last: 2 steps
+        first = 1 if lo == shm.NEVER else max(int(lo), 4) // 4  # the window's first size
+        for count in [first, 200_000, shm.CHUNK // 2]:  # the last: 2 steps
             y = fc.all_reduce(np.full(count, 2.0, np.float32), group=g)
             assert y.shape == (count,) and (y == 2.0 * world_size).all()
         if world_size == 1:

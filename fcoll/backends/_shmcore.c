@@ -28,17 +28,14 @@
  * accumulate in float32 and round back as numpy and ml_dtypes do, avg divides the float sum by
  * n in the wire type, premul_sum scales each rank's data at copy-in. No -ffast-math: the build
  * keeps IEEE semantics (-ffp-contract=off).
+ *
+ * Files: _shmcore.h (layout, state, shared declarations), _shmfold.c (conversions and folds),
+ * this file (the step protocol, the collectives, the Core type, the module), _shmfast.c (Fast:
+ * a fast path's whole call, flight record included, as one C callable).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "_shmcore.h"
 
 #include <sched.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <string.h>
-#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -49,41 +46,12 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define LINE 64
-#define PER_RANK 128
-#define INLINE 40
-#define BLOCK 1024
 #define SPIN_SECONDS 20e-6
 #define SPIN_OVERSUBSCRIBED 1e-6 /* more ranks than cores: the peer may need this core */
 #define YIELD_SECONDS 0.05
 #define SERVE_SECONDS 0.01
 
-typedef struct {
-    _Atomic int64_t step;
-    int64_t fp;
-    int64_t count;
-    unsigned char data[INLINE];
-} Line;
-
-_Static_assert(sizeof(Line) == LINE, "a control line is one cache line");
-
-/* wire types and ops (fcoll/backends/native.py names them) */
-enum { T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_U64, T_I64, T_F16, T_BF16, T_F32, T_F64,
-       T_C64, T_C128, T_COUNT };
-enum { O_ADD, O_MUL, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
-enum { F_AVG = 1, F_SCALE = 2, F_INCLUSIVE = 4, F_EXCLUSIVE = 8 };
-
-static PyObject *Mismatch, *Timeout;
-
-typedef struct {
-    PyObject_HEAD
-    Py_buffer view;
-    char *base;
-    int n, rank, oversubscribed;
-    Py_ssize_t capacity, head, chunk;
-    int64_t step;
-    PyObject *serve;
-} Core;
+PyObject *Mismatch, *Timeout;
 
 static inline Line *line_of(Core *c, int rank, int64_t step) {
     return (Line *)(c->base + (Py_ssize_t)rank * PER_RANK + (step & 1) * LINE);
@@ -97,200 +65,6 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ---- float16 and bfloat16, as numpy and ml_dtypes convert them ---------------------------- */
-/* Branch-free (selects, no early returns), so that gcc vectorises the half folds at -O3 with
- * the baseline instruction set: the conversions are integer shifts, adds and compares, plus one
- * exact float operation for float16's subnormals (F. Giesen's half<->float conversions, with
- * numpy's NaN payloads). Bit-identical to numpy's npy_halfbits_to_floatbits and
- * npy_floatbits_to_halfbits (round to nearest even) and to ml_dtypes' bfloat16 (round to
- * nearest even, NaN -> quiet NaN of the same sign); tests/test_native_stress.py and
- * scripts/sanitize.sh check them against numpy. */
-
-static inline float bits_f32(uint32_t bits) {
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint32_t f32_bits(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    return bits;
-}
-
-static inline uint32_t pick(uint32_t cond, uint32_t a, uint32_t b) { /* cond ? a : b, no branch */
-    uint32_t mask = 0u - cond;
-    return (a & mask) | (b & ~mask);
-}
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t o = (uint32_t)(h & 0x7fffu) << 13, exp = o & (0x7c00u << 13);
-    o += (127u - 15u) << 23;
-    uint32_t special = o + ((128u - 16u) << 23);                          /* inf, NaN */
-    uint32_t tiny = f32_bits(bits_f32(o + (1u << 23)) - bits_f32(113u << 23)); /* subnormal, 0 */
-    o = pick(exp == (0x7c00u << 13), special, pick(exp == 0, tiny, o));
-    return bits_f32(o | ((uint32_t)(h & 0x8000u) << 16));
-}
-
-static inline uint16_t f32_to_f16(float value) {
-    uint32_t f = f32_bits(value), sign = f & 0x80000000u;
-    f ^= sign;
-    uint32_t nan = 0x7c00u + ((f & 0x007fffffu) >> 13);
-    nan += nan == 0x7c00u;                                /* numpy keeps the payload's top */
-    uint32_t big = pick(f > 0x7f800000u, nan, 0x7c00u);   /* >= 65536: inf, or NaN */
-    uint32_t magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-    uint32_t small = f32_bits(bits_f32(f) + bits_f32(magic)) - magic; /* < 2^-14: RNE by the FPU */
-    uint32_t normal = (f + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
-    uint32_t o = pick(f >= (143u << 23), big, pick(f < (113u << 23), small, normal));
-    return (uint16_t)(o | (sign >> 16));
-}
-
-static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-static inline uint16_t f32_to_bf16(float value) {
-    uint32_t f = f32_bits(value);
-    uint32_t rounded = f + 0x7fffu + ((f >> 16) & 1u), quiet = (f & 0x80000000u) | 0x7fc00000u;
-    return (uint16_t)(pick((f & 0x7fffffffu) > 0x7f800000u, quiet, rounded) >> 16);
-}
-
-/* ---- folds: ((r0 op r1) op r2) ... per element, in blocks that stay in L1 ------------------ */
-
-/* Each fold is built for the baseline of the target (x86-64: SSE2) and, on x86-64 with GCC or
- * clang, once more for AVX2, chosen at load time by the CPU (an ifunc): a wheel runs anywhere
- * and uses AVX2 where it exists (each fold: 2-4x faster at 1 MiB here, float16/bfloat16 most).
- * -ffp-contract=off keeps FMA out of both, so both give numpy's bits. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__ELF__) && \
-    !defined(FCOLL_NO_CLONES) /* scripts/sanitize.sh builds the baseline alone */
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-
-typedef void (*fold_fn)(char *out, const char *const *rows, int n, Py_ssize_t count, int avg);
-
-#define F_ADD(x, y) ((x) + (y))
-#define F_MUL(x, y) ((x) * (y))
-#define F_AND(x, y) ((x) & (y))
-#define F_OR(x, y) ((x) | (y))
-#define F_XOR(x, y) ((x) ^ (y))
-#define F_IMIN(x, y) ((x) < (y) ? (x) : (y))
-#define F_IMAX(x, y) ((x) > (y) ? (x) : (y))
-#define F_FMIN(x, y) ((((x) <= (y)) | ((x) != (x))) ? (x) : (y)) /* no branch: vectorised */
-#define F_FMAX(x, y) ((((x) >= (y)) | ((x) != (x))) ? (x) : (y))
-
-#define DEFINE_FOLD(NAME, T, OP, DIVIDE)                                                        \
-    CLONES static void NAME(char *out_, const char *const *rows, int n, Py_ssize_t count, int avg) {  \
-        T *restrict out = (T *)out_;                                                           \
-        for (Py_ssize_t s = 0; s < count; s += BLOCK) {                                        \
-            Py_ssize_t e = count - s < BLOCK ? count : s + BLOCK;                              \
-            const T *restrict a = (const T *)rows[0], *restrict b = (const T *)rows[1];        \
-            for (Py_ssize_t i = s; i < e; ++i) out[i] = OP(a[i], b[i]);                        \
-            for (int j = 2; j < n; ++j) {                                                      \
-                const T *restrict r = (const T *)rows[j];                                      \
-                for (Py_ssize_t i = s; i < e; ++i) out[i] = OP(out[i], r[i]);                  \
-            }                                                                                  \
-            if (DIVIDE && avg) {                                                               \
-                T d = (T)n;                                                                    \
-                for (Py_ssize_t i = s; i < e; ++i) out[i] = out[i] / d;                        \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-/* float16 / bfloat16: accumulate a block in float32, round back once; the first two rows are
- * read in one pass, the last one is folded as the block is rounded back (two ranks: one pass) */
-#define DEFINE_HALF_FOLD(NAME, LOAD, STORE, OP)                                                \
-    CLONES static void NAME(char *out_, const char *const *rows, int n, Py_ssize_t count,     \
-                            int avg) {                                                         \
-        uint16_t *restrict out = (uint16_t *)out_;                                             \
-        float acc[BLOCK], d = (float)n;                                                        \
-        for (Py_ssize_t s = 0; s < count; s += BLOCK) {                                        \
-            Py_ssize_t m = count - s < BLOCK ? count - s : BLOCK;                              \
-            const uint16_t *restrict a = (const uint16_t *)rows[0] + s;                        \
-            const uint16_t *restrict z = (const uint16_t *)rows[n - 1] + s;                    \
-            uint16_t *restrict o = out + s;                                                    \
-            if (n > 2) {                                                                       \
-                const uint16_t *restrict b = (const uint16_t *)rows[1] + s;                    \
-                for (Py_ssize_t i = 0; i < m; ++i) acc[i] = OP(LOAD(a[i]), LOAD(b[i]));        \
-                for (int j = 2; j < n - 1; ++j) {                                              \
-                    const uint16_t *restrict r = (const uint16_t *)rows[j] + s;                \
-                    for (Py_ssize_t i = 0; i < m; ++i) acc[i] = OP(acc[i], LOAD(r[i]));        \
-                }                                                                              \
-            } else {                                                                           \
-                for (Py_ssize_t i = 0; i < m; ++i) acc[i] = LOAD(a[i]);                        \
-            }                                                                                  \
-            if (avg) {                                                                         \
-                for (Py_ssize_t i = 0; i < m; ++i) o[i] = STORE(OP(acc[i], LOAD(z[i])) / d);   \
-            } else {                                                                           \
-                for (Py_ssize_t i = 0; i < m; ++i) o[i] = STORE(OP(acc[i], LOAD(z[i])));       \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-#define INT_FOLDS(U, S, P)                                                                     \
-    DEFINE_FOLD(P##_add, U, F_ADD, 0)                                                          \
-    DEFINE_FOLD(P##_mul, U, F_MUL, 0)                                                          \
-    DEFINE_FOLD(P##_and, U, F_AND, 0)                                                          \
-    DEFINE_FOLD(P##_or, U, F_OR, 0)                                                            \
-    DEFINE_FOLD(P##_xor, U, F_XOR, 0)                                                          \
-    DEFINE_FOLD(P##_umin, U, F_IMIN, 0)                                                        \
-    DEFINE_FOLD(P##_umax, U, F_IMAX, 0)                                                        \
-    DEFINE_FOLD(P##_smin, S, F_IMIN, 0)                                                        \
-    DEFINE_FOLD(P##_smax, S, F_IMAX, 0)
-
-INT_FOLDS(uint8_t, int8_t, k8)
-INT_FOLDS(uint16_t, int16_t, k16)
-INT_FOLDS(uint32_t, int32_t, k32)
-INT_FOLDS(uint64_t, int64_t, k64)
-DEFINE_FOLD(f32_add, float, F_ADD, 1)
-DEFINE_FOLD(f32_mul, float, F_MUL, 0)
-DEFINE_FOLD(f32_min, float, F_FMIN, 0)
-DEFINE_FOLD(f32_max, float, F_FMAX, 0)
-DEFINE_FOLD(f64_add, double, F_ADD, 1)
-DEFINE_FOLD(f64_mul, double, F_MUL, 0)
-DEFINE_FOLD(f64_min, double, F_FMIN, 0)
-DEFINE_FOLD(f64_max, double, F_FMAX, 0)
-DEFINE_HALF_FOLD(h16_add, f16_to_f32, f32_to_f16, F_ADD)
-DEFINE_HALF_FOLD(h16_mul, f16_to_f32, f32_to_f16, F_MUL)
-DEFINE_HALF_FOLD(h16_min, f16_to_f32, f32_to_f16, F_FMIN)
-DEFINE_HALF_FOLD(h16_max, f16_to_f32, f32_to_f16, F_FMAX)
-DEFINE_HALF_FOLD(b16_add, bf16_to_f32, f32_to_bf16, F_ADD)
-DEFINE_HALF_FOLD(b16_mul, bf16_to_f32, f32_to_bf16, F_MUL)
-DEFINE_HALF_FOLD(b16_min, bf16_to_f32, f32_to_bf16, F_FMIN)
-DEFINE_HALF_FOLD(b16_max, bf16_to_f32, f32_to_bf16, F_FMAX)
-
-/* the fold of each (type, op); NULL where fcoll never asks for it */
-static fold_fn folds[T_COUNT][O_COUNT] = {
-    [T_U8] = {k8_add, k8_mul, k8_umin, k8_umax, k8_and, k8_or, k8_xor},
-    [T_I8] = {k8_add, k8_mul, k8_smin, k8_smax, k8_and, k8_or, k8_xor},
-    [T_U16] = {k16_add, k16_mul, k16_umin, k16_umax, k16_and, k16_or, k16_xor},
-    [T_I16] = {k16_add, k16_mul, k16_smin, k16_smax, k16_and, k16_or, k16_xor},
-    [T_U32] = {k32_add, k32_mul, k32_umin, k32_umax, k32_and, k32_or, k32_xor},
-    [T_I32] = {k32_add, k32_mul, k32_smin, k32_smax, k32_and, k32_or, k32_xor},
-    [T_U64] = {k64_add, k64_mul, k64_umin, k64_umax, k64_and, k64_or, k64_xor},
-    [T_I64] = {k64_add, k64_mul, k64_smin, k64_smax, k64_and, k64_or, k64_xor},
-    [T_F16] = {h16_add, h16_mul, h16_min, h16_max},
-    [T_BF16] = {b16_add, b16_mul, b16_min, b16_max},
-    [T_F32] = {f32_add, f32_mul, f32_min, f32_max},
-    [T_F64] = {f64_add, f64_mul, f64_min, f64_max},
-    [T_C64] = {f32_add},  /* complex sum: the real and imaginary parts, as floats */
-    [T_C128] = {f64_add},
-};
-static const int elem_size[T_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 8, 16};
-static const int fold_size[T_COUNT] = {1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 4, 8};
-
-/* premul_sum: each rank's data scaled at copy-in (x * factor in its own type, as numpy) */
-static void scale_copy(char *dst, const char *src, int type, Py_ssize_t count, double factor) {
-    if (type == T_F32) {
-        float f = (float)factor, *d = (float *)dst;
-        const float *s = (const float *)src;
-        for (Py_ssize_t i = 0; i < count; ++i) d[i] = s[i] * f;
-    } else {
-        double *d = (double *)dst;
-        const double *s = (const double *)src;
-        for (Py_ssize_t i = 0; i < count; ++i) d[i] = s[i] * factor;
-    }
 }
 
 /* ---- one step: publish, wait, compare ------------------------------------------------------ */
@@ -374,38 +148,7 @@ static inline char *data_of(Core *c, int j, int64_t step, Py_ssize_t nbytes) {
     return nbytes <= INLINE ? (char *)line_of(c, j, step)->data : slot_of(c, j, step);
 }
 
-/* ---- arguments ---------------------------------------------------------------------------- */
-
-typedef struct {
-    PyArrayObject *x;
-    int type, op, flags;
-    int64_t fp;
-    double deadline, factor;
-} Args;
-
-static int parse(PyObject *args, Args *a, int with_op) {
-    PyObject *x;
-    long long fp;
-    a->type = a->op = a->flags = 0;
-    a->factor = 1.0;
-    if (with_op) {
-        if (!PyArg_ParseTuple(args, "OiiidLd", &x, &a->type, &a->op, &a->flags, &a->factor, &fp,
-                              &a->deadline))
-            return -1;
-        if (a->type < 0 || a->type >= T_COUNT || a->op < 0 || a->op >= O_COUNT ||
-            folds[a->type][a->op] == NULL) {
-            PyErr_Format(PyExc_ValueError, "_shmcore: no fold for type %d op %d", a->type, a->op);
-            return -1;
-        }
-    } else if (!PyArg_ParseTuple(args, "OLd", &x, &fp, &a->deadline)) {
-        return -1;
-    }
-    a->fp = (int64_t)fp;
-    if (!PyArray_Check(x) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x))
-        return 1; /* not this module's case: the caller takes the numpy path */
-    a->x = (PyArrayObject *)x;
-    return 0;
-}
+/* ---- the collectives ---------------------------------------------------------------------- */
 
 static PyArrayObject *new_like(PyArrayObject *x, npy_intp first) {
     npy_intp dims[NPY_MAXDIMS];
@@ -417,168 +160,143 @@ static PyArrayObject *new_like(PyArrayObject *x, npy_intp first) {
     return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, nd, dims, NULL, NULL, 0, NULL);
 }
 
-/* ---- the collectives ---------------------------------------------------------------------- */
+static inline Py_ssize_t min_size(Py_ssize_t a, Py_ssize_t b) { return a < b ? a : b; }
 
-static PyObject *reduce_steps(Core *c, Args *a, PyArrayObject *out, Py_ssize_t total,
-                              const char *src, char *dst, int scan) {
-    int fsz = fold_size[a->type], esz = elem_size[a->type];
-    int avg = a->flags & F_AVG;
+/* elements of each block a reduce_scatter step carries */
+static Py_ssize_t scatter_piece(Core *c, const Step *s) {
+    Py_ssize_t per = c->chunk / c->n / elem_size[s->type];
+    return per < 1 ? 1 : per;
+}
+
+int shm_takes(Core *c, const Step *s, PyArrayObject *x) {
+    Py_ssize_t nbytes = PyArray_NBYTES(x);
+    int contiguous = PyArray_IS_C_CONTIGUOUS(x);
+    switch (s->kind) {
+    case K_REDUCE:
+    case K_SCAN:
+        return contiguous && c->n <= MAX_RANKS && min_size(nbytes, c->chunk) <= c->capacity;
+    case K_REDUCE_SCATTER: {
+        if (!contiguous || c->n > MAX_RANKS || PyArray_NDIM(x) == 0 || PyArray_DIMS(x)[0] % c->n)
+            return 0;
+        Py_ssize_t size = PyArray_SIZE(x) / c->n;
+        return min_size(size, scatter_piece(c, s)) * c->n * elem_size[s->type] <= c->capacity;
+    }
+    case K_ALLGATHER:
+        return contiguous && min_size(nbytes, c->chunk) <= c->capacity;
+    case K_BROADCAST: /* the root reads x as it is; the others only its shape */
+        return s->root >= 0 && s->root < c->n && (contiguous || c->rank != s->root) &&
+               min_size(nbytes, c->chunk) <= c->capacity;
+    }
+    return 0;
+}
+
+/* reduce and scan: rank r folds every rank (reduce), ranks 0..r (scan) or 0..r-1 (scan,
+ * F_EXCLUSIVE; rank 0's result is left to the caller, who fills in the identity); into
+ * ``given`` (reduce only; Py_None: a new array), which may be x itself */
+static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *given) {
+    int fsz = fold_size[s->type], esz = elem_size[s->type], avg = s->flags & F_AVG;
     /* this rank's own row: its input (the slot its peers read is then left to them), or the
-     * copy it published when that copy is what counts (scaled) or the input is unaligned */
-    int scale = a->flags & F_SCALE, published = scale || !PyArray_ISALIGNED(a->x);
-    Py_ssize_t all_bytes = total * esz;
-    if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
-    Py_ssize_t per = c->chunk / esz, count_all = total;
-    const char *rows[256];
-    for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
-        Py_ssize_t m = total - at < per ? total - at : per, nbytes = m * esz;
-        int64_t step = c->step + 1;
-        char *mine = data_of(c, c->rank, step, nbytes);
-        if (scale) scale_copy(mine, src + at * esz, a->type, m, a->factor);
-        else if (nbytes) memcpy(mine, src + at * esz, (size_t)nbytes);
-        if (exchange(c, a->fp, count_all, a->deadline) < 0) return NULL;
-        int k = scan ? (a->flags & F_EXCLUSIVE ? c->rank : c->rank + 1) : c->n;
-        for (int j = 0; j < k; ++j)
-            rows[j] = (j == c->rank && !published) ? src + at * esz : data_of(c, j, step, nbytes);
-        Py_ssize_t units = m * (esz / fsz);
-        if (k >= 2) folds[a->type][a->op](dst + at * esz, rows, k, units, avg);
-        else if (k == 1) memcpy(dst + at * esz, rows[0], (size_t)nbytes);
-        if (total == 0) break;
-    }
-    Py_INCREF(out);
-    return (PyObject *)out;
-}
-
-static PyObject *Core_allreduce(Core *c, PyObject *args) {
-    Args a;
-    int r = parse(args, &a, 1);
-    if (r != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
-    Py_ssize_t nbytes = PyArray_NBYTES(a.x);
-    if ((nbytes < c->chunk ? nbytes : c->chunk) > c->capacity || c->n > 256) Py_RETURN_NONE;
-    PyArrayObject *out = new_like(a.x, -1);
-    if (out == NULL) return NULL;
-    PyObject *res = reduce_steps(c, &a, out, PyArray_SIZE(a.x), PyArray_BYTES(a.x),
-                                 PyArray_BYTES(out), 0);
-    Py_DECREF(out);
-    return res;
-}
-
-/* allreduce_into(out, x, type, op, flags, factor, fp, deadline): allreduce into out (writable,
- * C-contiguous, x's dtype and size; it may be x itself): out, or None where allreduce's is */
-static PyObject *Core_allreduce_into(Core *c, PyObject *args) {
-    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    if (nargs < 1) {
-        PyErr_SetString(PyExc_TypeError, "_shmcore.allreduce_into: expected out first");
-        return NULL;
-    }
-    PyObject *given = PyTuple_GET_ITEM(args, 0), *rest = PyTuple_GetSlice(args, 1, nargs);
-    if (rest == NULL) return NULL;
-    Args a;
-    int r = parse(rest, &a, 1);
-    Py_DECREF(rest);
-    if (r != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
-    Py_ssize_t nbytes = PyArray_NBYTES(a.x);
-    if ((nbytes < c->chunk ? nbytes : c->chunk) > c->capacity || c->n > 256) Py_RETURN_NONE;
-    if (!PyArray_Check(given) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) ||
-        !PyArray_ISWRITEABLE((PyArrayObject *)given) ||
-        PyArray_NBYTES((PyArrayObject *)given) != nbytes ||
-        !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)given), PyArray_DESCR(a.x))) {
+     * copy it published when that copy is what counts (scaled), the input is unaligned or
+     * the result overwrites it (in place) */
+    int scale = s->flags & F_SCALE, published = scale || !PyArray_ISALIGNED(x);
+    PyArrayObject *out;
+    if (given == Py_None) {
+        out = new_like(x, -1);
+        if (out == NULL) return NULL;
+    } else if (s->kind == K_REDUCE && PyArray_Check(given) &&
+               PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
+               PyArray_ISWRITEABLE((PyArrayObject *)given) &&
+               PyArray_NBYTES((PyArrayObject *)given) == PyArray_NBYTES(x) &&
+               PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)given), PyArray_DESCR(x))) {
+        out = (PyArrayObject *)Py_NewRef(given);
+    } else {
         PyErr_SetString(PyExc_ValueError, "_shmcore.allreduce_into: out must be a writable "
                                           "C-contiguous array of x's dtype and size");
         return NULL;
     }
-    PyArrayObject *out = (PyArrayObject *)given;
-    return reduce_steps(c, &a, out, PyArray_SIZE(a.x), PyArray_BYTES(a.x), PyArray_BYTES(out), 0);
-}
-
-/* scan: rank r folds ranks 0..r (inclusive) or 0..r-1 (exclusive; rank 0's result is left to
- * the caller, who fills in the identity) */
-static PyObject *Core_scan(Core *c, PyObject *args) {
-    Args a;
-    int r = parse(args, &a, 1);
-    if (r != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
-    Py_ssize_t nbytes = PyArray_NBYTES(a.x);
-    if ((nbytes < c->chunk ? nbytes : c->chunk) > c->capacity || c->n > 256) Py_RETURN_NONE;
-    PyArrayObject *out = new_like(a.x, -1);
-    if (out == NULL) return NULL;
-    PyObject *res = reduce_steps(c, &a, out, PyArray_SIZE(a.x), PyArray_BYTES(a.x),
-                                 PyArray_BYTES(out), 1);
-    Py_DECREF(out);
-    return res;
-}
-
-static PyObject *Core_reduce_scatter(Core *c, PyObject *args) {
-    Args a;
-    int r = parse(args, &a, 1);
-    if (r != 0) return r < 0 ? NULL : Py_NewRef(Py_None);
-    int n = c->n, me = c->rank, esz = elem_size[a.type], fsz = fold_size[a.type];
-    int scale = a.flags & F_SCALE, avg = a.flags & F_AVG;
-    int published = scale || !PyArray_ISALIGNED(a.x); /* as in reduce_steps */
-    if (PyArray_NDIM(a.x) == 0 || PyArray_DIMS(a.x)[0] % n || n > 256) Py_RETURN_NONE;
-    Py_ssize_t size = PyArray_SIZE(a.x) / n; /* elements per block */
-    Py_ssize_t per = c->chunk / n / esz;
-    if (per < 1) per = 1;
-    if ((size < per ? size : per) * n * esz > c->capacity) Py_RETURN_NONE;
-    PyArrayObject *out = new_like(a.x, PyArray_DIMS(a.x)[0] / n);
-    if (out == NULL) return NULL;
-    const char *src = PyArray_BYTES(a.x);
+    const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
     char *dst = PyArray_BYTES(out);
-    const char *rows[256];
+    Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x), all_bytes = total * esz;
+    if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
+    for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
+        Py_ssize_t m = min_size(total - at, per), nbytes = m * esz;
+        int64_t step = c->step + 1;
+        char *mine = data_of(c, c->rank, step, nbytes);
+        if (scale) scale_copy(mine, src + at * esz, s->type, m, s->factor);
+        else if (nbytes) memcpy(mine, src + at * esz, (size_t)nbytes);
+        if (exchange(c, s->fp, total, s->deadline) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        int k = s->kind == K_SCAN ? (s->flags & F_EXCLUSIVE ? c->rank : c->rank + 1) : c->n;
+        for (int j = 0; j < k; ++j)
+            rows[j] = (j == c->rank && !published) ? src + at * esz : data_of(c, j, step, nbytes);
+        if (k >= 2) folds[s->type][s->op](dst + at * esz, rows, k, m * (esz / fsz), avg);
+        else if (k == 1) memcpy(dst + at * esz, rows[0], (size_t)nbytes);
+        if (total == 0) break;
+    }
+    return (PyObject *)out;
+}
+
+/* reduce_scatter: each step carries the next piece of every block; rank r folds block r's */
+static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
+    int n = c->n, me = c->rank, esz = elem_size[s->type], fsz = fold_size[s->type];
+    int scale = s->flags & F_SCALE, avg = s->flags & F_AVG;
+    int published = scale || !PyArray_ISALIGNED(x); /* as in run_reduce */
+    Py_ssize_t size = PyArray_SIZE(x) / n, per = scatter_piece(c, s); /* elements per block */
+    PyArrayObject *out = new_like(x, PyArray_DIMS(x)[0] / n);
+    if (out == NULL) return NULL;
+    const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
+    char *dst = PyArray_BYTES(out);
     for (Py_ssize_t at = 0; at < size || (size == 0 && at == 0); at += per) {
-        Py_ssize_t m = size - at < per ? size - at : per, piece = m * esz;
+        Py_ssize_t m = min_size(size - at, per), piece = m * esz;
         int64_t step = c->step + 1;
         char *mine = data_of(c, me, step, piece * n);
         for (int j = 0; j < n; ++j) { /* block j's piece, at j * piece; my own if it counts */
             const char *from = src + ((Py_ssize_t)j * size + at) * esz;
-            if (scale) scale_copy(mine + j * piece, from, a.type, m, a.factor);
+            if (scale) scale_copy(mine + j * piece, from, s->type, m, s->factor);
             else if ((j != me || published) && piece) memcpy(mine + j * piece, from, (size_t)piece);
         }
-        if (exchange(c, a.fp, PyArray_SIZE(a.x), a.deadline) < 0) {
+        if (exchange(c, s->fp, PyArray_SIZE(x), s->deadline) < 0) {
             Py_DECREF(out);
             return NULL;
         }
         for (int j = 0; j < n; ++j)
             rows[j] = (j == me && !published) ? src + ((Py_ssize_t)me * size + at) * esz
                                           : data_of(c, j, step, piece * n) + me * piece;
-        folds[a.type][a.op](dst + at * esz, rows, n, m * (esz / fsz), avg);
+        folds[s->type][s->op](dst + at * esz, rows, n, m * (esz / fsz), avg);
         if (size == 0) break;
     }
     return (PyObject *)out;
 }
 
-/* allgather(x, out, fp, deadline): every rank's x in rank order, into out (None: a new array,
- * shape[0] times n) */
-static PyObject *Core_allgather(Core *c, PyObject *args) {
-    PyObject *x, *given;
-    long long fp;
-    double deadline;
-    if (!PyArg_ParseTuple(args, "OOLd", &x, &given, &fp, &deadline)) return NULL;
-    if (!PyArray_Check(x) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x)) Py_RETURN_NONE;
-    PyArrayObject *xa = (PyArrayObject *)x;
+/* allgather: every rank's x in rank order, into ``given`` (Py_None: a new array, shape[0]
+ * times n; a 0-d x is the caller's case) */
+static PyObject *run_allgather(Core *c, const Step *s, PyArrayObject *x, PyObject *given) {
     int n = c->n, me = c->rank;
-    Py_ssize_t nbytes = PyArray_NBYTES(xa);
-    if ((nbytes < c->chunk ? nbytes : c->chunk) > c->capacity) Py_RETURN_NONE;
+    Py_ssize_t nbytes = PyArray_NBYTES(x);
     PyArrayObject *out;
-    if (given == Py_None) {
-        if (PyArray_NDIM(xa) == 0) Py_RETURN_NONE;
-        out = new_like(xa, PyArray_DIMS(xa)[0] * n);
+    if (given == Py_None && PyArray_NDIM(x) > 0) {
+        out = new_like(x, PyArray_DIMS(x)[0] * n);
         if (out == NULL) return NULL;
-    } else if (PyArray_Check(given) && PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
+    } else if (given != Py_None && PyArray_Check(given) &&
+               PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
                PyArray_ISWRITEABLE((PyArrayObject *)given) &&
                PyArray_NBYTES((PyArrayObject *)given) == n * nbytes) {
         out = (PyArrayObject *)Py_NewRef(given);
     } else {
-        PyErr_SetString(PyExc_ValueError, "_shmcore.allgather: out must be a writable "
-                                          "C-contiguous array of n times x's bytes");
+        PyErr_SetString(PyExc_ValueError, "_shmcore.allgather: expected out to be None (x at "
+                                          "least 1-d) or a writable C-contiguous array of n "
+                                          "times x's bytes");
         return NULL;
     }
-    const char *src = PyArray_BYTES(xa);
+    const char *src = PyArray_BYTES(x);
     char *dst = PyArray_BYTES(out);
     for (Py_ssize_t at = 0; at < nbytes || (nbytes == 0 && at == 0); at += c->chunk) {
-        Py_ssize_t m = nbytes - at < c->chunk ? nbytes - at : c->chunk;
+        Py_ssize_t m = min_size(nbytes - at, c->chunk);
         int64_t step = c->step + 1;
         if (m) memcpy(data_of(c, me, step, m), src + at, (size_t)m);
-        if (exchange(c, (int64_t)fp, PyArray_SIZE(xa), deadline) < 0) {
+        if (exchange(c, s->fp, PyArray_SIZE(x), s->deadline) < 0) {
             Py_DECREF(out);
             return NULL;
         }
@@ -589,31 +307,22 @@ static PyObject *Core_allgather(Core *c, PyObject *args) {
     return (PyObject *)out;
 }
 
-static PyObject *Core_broadcast(Core *c, PyObject *args) {
-    PyObject *x;
-    long long fp;
-    double deadline;
-    int root;
-    if (!PyArg_ParseTuple(args, "OiLd", &x, &root, &fp, &deadline)) return NULL;
-    if (!PyArray_Check(x) || root < 0 || root >= c->n) Py_RETURN_NONE;
-    PyArrayObject *xa = (PyArrayObject *)x;
-    Py_ssize_t nbytes = PyArray_NBYTES(xa);
-    int is_root = c->rank == root;
-    if ((nbytes < c->chunk ? nbytes : c->chunk) > c->capacity ||
-        (is_root && !PyArray_IS_C_CONTIGUOUS(xa)))
-        Py_RETURN_NONE;
-    PyArrayObject *out = new_like(xa, -1);
+/* broadcast: the root copies into its line or slot and its result, the others copy out */
+static PyObject *run_broadcast(Core *c, const Step *s, PyArrayObject *x) {
+    Py_ssize_t nbytes = PyArray_NBYTES(x);
+    int root = s->root, is_root = c->rank == root;
+    PyArrayObject *out = new_like(x, -1);
     if (out == NULL) return NULL;
     char *dst = PyArray_BYTES(out);
-    const char *src = PyArray_BYTES(xa);
+    const char *src = PyArray_BYTES(x);
     for (Py_ssize_t at = 0; at < nbytes || (nbytes == 0 && at == 0); at += c->chunk) {
-        Py_ssize_t m = nbytes - at < c->chunk ? nbytes - at : c->chunk;
+        Py_ssize_t m = min_size(nbytes - at, c->chunk);
         int64_t step = c->step + 1;
         if (is_root && m) {
             memcpy(data_of(c, root, step, m), src + at, (size_t)m);
             memcpy(dst + at, src + at, (size_t)m);
         }
-        if (exchange(c, (int64_t)fp, PyArray_SIZE(xa), deadline) < 0) {
+        if (exchange(c, s->fp, PyArray_SIZE(x), s->deadline) < 0) {
             Py_DECREF(out);
             return NULL;
         }
@@ -621,6 +330,88 @@ static PyObject *Core_broadcast(Core *c, PyObject *args) {
         if (nbytes == 0) break;
     }
     return (PyObject *)out;
+}
+
+PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
+    switch (s->kind) {
+    case K_REDUCE:
+    case K_SCAN:
+        return run_reduce(c, s, x, out);
+    case K_REDUCE_SCATTER:
+        return run_reduce_scatter(c, s, x);
+    case K_ALLGATHER:
+        return run_allgather(c, s, x, out);
+    case K_BROADCAST:
+        return run_broadcast(c, s, x);
+    }
+    PyErr_SetString(PyExc_ValueError, "_shmcore: no such kind of call");
+    return NULL;
+}
+
+/* ---- the methods: parse, then shm_takes / shm_run ------------------------------------------ */
+
+/* A reduction's (type, op, flags, factor): 0, or -1 with ValueError set */
+int shm_fold_ok(int type, int op) {
+    if (type < 0 || type >= T_COUNT || op < 0 || op >= O_COUNT || folds[type][op] == NULL) {
+        PyErr_Format(PyExc_ValueError, "_shmcore: no fold for type %d op %d", type, op);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *call(Core *c, Step *s, PyObject *x, PyObject *out) {
+    if (!PyArray_Check(x) || !shm_takes(c, s, (PyArrayObject *)x)) Py_RETURN_NONE;
+    return shm_run(c, s, (PyArrayObject *)x, out);
+}
+
+static PyObject *reduction(Core *c, PyObject *args, int kind) {
+    PyObject *x;
+    long long fp;
+    Step s = {.kind = kind};
+    if (!PyArg_ParseTuple(args, "OiiidLd", &x, &s.type, &s.op, &s.flags, &s.factor, &fp,
+                          &s.deadline) || shm_fold_ok(s.type, s.op) < 0)
+        return NULL;
+    s.fp = (int64_t)fp;
+    return call(c, &s, x, Py_None);
+}
+
+static PyObject *Core_allreduce(Core *c, PyObject *args) { return reduction(c, args, K_REDUCE); }
+
+/* allreduce_into(out, x, type, op, flags, factor, fp, deadline): allreduce into out (writable,
+ * C-contiguous, x's dtype and size; it may be x itself): out, or None where allreduce's is */
+static PyObject *Core_allreduce_into(Core *c, PyObject *args) {
+    PyObject *x, *given;
+    long long fp;
+    Step s = {.kind = K_REDUCE};
+    if (!PyArg_ParseTuple(args, "OOiiidLd", &given, &x, &s.type, &s.op, &s.flags, &s.factor,
+                          &fp, &s.deadline) || shm_fold_ok(s.type, s.op) < 0)
+        return NULL;
+    s.fp = (int64_t)fp;
+    return call(c, &s, x, given);
+}
+static PyObject *Core_scan(Core *c, PyObject *args) { return reduction(c, args, K_SCAN); }
+static PyObject *Core_reduce_scatter(Core *c, PyObject *args) {
+    return reduction(c, args, K_REDUCE_SCATTER);
+}
+
+static PyObject *Core_allgather(Core *c, PyObject *args) {
+    PyObject *x, *given;
+    long long fp;
+    Step s = {.kind = K_ALLGATHER};
+    if (!PyArg_ParseTuple(args, "OOLd", &x, &given, &fp, &s.deadline)) return NULL;
+    s.fp = (int64_t)fp;
+    if (given == Py_None && PyArray_Check(x) && PyArray_NDIM((PyArrayObject *)x) == 0)
+        Py_RETURN_NONE;
+    return call(c, &s, x, given);
+}
+
+static PyObject *Core_broadcast(Core *c, PyObject *args) {
+    PyObject *x;
+    long long fp;
+    Step s = {.kind = K_BROADCAST};
+    if (!PyArg_ParseTuple(args, "OiLd", &x, &s.root, &fp, &s.deadline)) return NULL;
+    s.fp = (int64_t)fp;
+    return call(c, &s, x, Py_None);
 }
 
 static PyObject *Core_announce(Core *c, PyObject *args) {
@@ -719,7 +510,7 @@ static PyMethodDef Core_methods[] = {
     {NULL},
 };
 
-static PyTypeObject CoreType = {
+PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fcoll.backends._shmcore.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -737,19 +528,25 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__shmcore(void) {
     import_array();
-    if (PyType_Ready(&CoreType) < 0) return NULL;
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&FastType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Mismatch = PyErr_NewException("fcoll.backends._shmcore.Mismatch", NULL, NULL);
     Timeout = PyErr_NewException("fcoll.backends._shmcore.Timeout", NULL, NULL);
     if (PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Fast", (PyObject *)&FastType) < 0 ||
         PyModule_AddObjectRef(m, "Mismatch", Mismatch) < 0 ||
         PyModule_AddObjectRef(m, "Timeout", Timeout) < 0 ||
         PyModule_AddIntConstant(m, "INLINE", INLINE) < 0 ||
         PyModule_AddIntConstant(m, "PER_RANK", PER_RANK) < 0 ||
         PyModule_AddIntConstant(m, "F_AVG", F_AVG) < 0 ||
         PyModule_AddIntConstant(m, "F_SCALE", F_SCALE) < 0 ||
-        PyModule_AddIntConstant(m, "F_EXCLUSIVE", F_EXCLUSIVE) < 0) {
+        PyModule_AddIntConstant(m, "F_EXCLUSIVE", F_EXCLUSIVE) < 0 ||
+        PyModule_AddIntConstant(m, "K_REDUCE", K_REDUCE) < 0 ||
+        PyModule_AddIntConstant(m, "K_SCAN", K_SCAN) < 0 ||
+        PyModule_AddIntConstant(m, "K_REDUCE_SCATTER", K_REDUCE_SCATTER) < 0 ||
+        PyModule_AddIntConstant(m, "K_ALLGATHER", K_ALLGATHER) < 0 ||
+        PyModule_AddIntConstant(m, "K_BROADCAST", K_BROADCAST) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -26,6 +26,7 @@ import numpy as np
 
 from fcoll import _fingerprint, _runtime, _trace
 from fcoll._fingerprint import of as fingerprint
+from fcoll.collectives import _fast_native as _native
 from fcoll.work import fast_eligible as eligible
 
 if TYPE_CHECKING:
@@ -92,10 +93,17 @@ def learn_reduction(table: dict[Any, Fast], key: Any, g: Group, plan: Any, share
         make = reduce_scatter if scatter else all_reduce
         table[key] = make(g, mpi_op, shared, plan.fold_ufunc, plan.fp | (RS if scatter else 0))
     elif scatter:
-        core = native_call(g, "reduce_scatter_tensor", "reduce_scatter", *kernel, plan.fp | RS, -1.0)
+        swap = _native.swapper(table, key, g, "reduce_scatter", "reduce_scatter_tensor",
+                               plan.fp | RS, kernel) if shared <= 0 else None
+        core = _native.call(g, "reduce_scatter_tensor", "reduce_scatter", *kernel, plan.fp | RS, -1.0,
+                            swap=swap)
         table[key] = reduce_scatter(g, mpi_op, shared, native=core)
     else:
-        table[key] = native_all_reduce(g, mpi_op, shared, kernel, plan.fp)
+        swap = _native.swapper(table, key, g, "reduce", "all_reduce", plan.fp,
+                               kernel) if shared <= 0 else None
+        core = _native.call(g, "all_reduce", "allreduce", *kernel, plan.fp, -1.0, swap=swap)
+        mpi = all_reduce(g, mpi_op) if mpi_op is not None else None
+        table[key] = _native.all_reduce(g, shared, core, mpi)
 
 
 def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..., np.ndarray],
@@ -193,7 +201,7 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, 
 
 
 def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
-               dtype: np.dtype[Any] | None = None, native: bool = False) -> Fast:
+               dtype: np.dtype[Any] | None = None, native: bool = False, key: Any = None) -> Fast:
     """MPI's all_gather; messages in ``shared`` (lo <= bytes < hi) through on-node shared
     memory in one step once the group's segment exists and holds them, else the full path.
     ``dtype``: the arrays' dtype, for the segment's fingerprint; ``native``: through the
@@ -204,7 +212,10 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
     lo, hi = shared
     from fcoll.backends.shm import allgather_step as step
 
-    core = native_call(g, "all_gather_into_tensor", "allgather", None, fp, -1.0) if native else None
+    swap = _native.swapper(ALL_GATHER, key, g, "allgather", "all_gather_into_tensor", fp,
+                           limit=hi) if native and key is not None and lo <= 0 else None
+    core = _native.call(g, "all_gather_into_tensor", "allgather", None, fp, -1.0,
+                        swap=swap) if native else None
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
@@ -255,7 +266,7 @@ def all_to_all(g: Any, byte: Any) -> Fast:
 
 
 def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, INF),
-              dtype: np.dtype[Any] | None = None, native: bool = False) -> Fast:
+              dtype: np.dtype[Any] | None = None, native: bool = False, key: Any = None) -> Fast:
     """MPI's broadcast, up to the size the full path pipelines; messages in ``shared``
     through on-node shared memory in one step once the segment exists and holds them
     (``dtype``: the arrays' dtype, for the segment's fingerprint)."""
@@ -266,7 +277,9 @@ def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, 
     from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
     from fcoll.backends.shm import broadcast_step as step
 
-    core = native_call(g, "broadcast", "broadcast", root, fp, -1.0) if native else None
+    swap = _native.swapper(BROADCAST, key, g, "broadcast", "broadcast", fp, root=root,
+                           limit=hi) if native and key is not None and lo <= 0 else None
+    core = _native.call(g, "broadcast", "broadcast", root, fp, -1.0, swap=swap) if native else None
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if lo <= x.nbytes < hi and g.shm is not False:  # False: spans nodes, MPI
@@ -287,100 +300,5 @@ def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, 
             comm.Bcast([buf, byte], root)
             ends[i] = clock()
         return buf
-
-    return run
-
-
-# -- the compiled core (fcoll.backends._shmcore) ------------------------------------------
-# With the core running, a call of a shared-memory size is one C call: the closures below
-# call the group's Core directly (no shm function in between) once the segment exists and
-# holds the message; a disagreement raises from C and is told as fcoll's error here.
-
-
-def _told(g: Any, name: str, error: BaseException) -> BaseException:
-    """The core's Mismatch as `fcoll.work.CollectiveMismatchError` (every rank alike)."""
-    g.call.fn = name
-    return _fingerprint.mismatch(name, g.ranks, g.shm.announced(error.args[0]))
-
-
-def native_all_reduce(g: Any, mpi_op: Any, shared: float, kernel: tuple[int, int, int, float],
-                      fp: int) -> Fast:
-    """all_reduce through the core (``kernel``: `fcoll.backends.native.kernel`) from
-    ``shared`` bytes; below, MPI's op where it reduces (``mpi_op``), else the full path."""
-    comm, empty = g._comm, np.empty
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
-    kind, op, flags, factor = kernel
-    from fcoll.backends.native import module
-
-    mismatch = module().Mismatch
-
-    def run(x: np.ndarray) -> np.ndarray | None:
-        if not x.flags.c_contiguous:
-            return None
-        seg = g.shm
-        if x.nbytes >= shared:
-            if not seg or x.nbytes > seg.capacity or (core := seg.core) is None:
-                return None if seg is not False or mpi_op is None else _mpi(x)
-            g.seq += 1
-            if calls is None:
-                try:
-                    return core.allreduce(x, kind, op, flags, factor, fp, -1.0)  # type: ignore[no-any-return]
-                except mismatch as error:
-                    raise _told(g, "all_reduce", error) from None
-            i = pos[0]
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
-            try:
-                y: np.ndarray = core.allreduce(x, kind, op, flags, factor, fp, -1.0)
-            except mismatch as error:
-                raise _told(g, "all_reduce", error) from None
-            ends[i] = clock()
-            return y
-        return None if mpi_op is None else _mpi(x)
-
-    def _mpi(x: np.ndarray) -> np.ndarray:
-        g.seq += 1
-        out = empty(x.shape, x.dtype)
-        if calls is None:
-            comm.Allreduce(x, out, mpi_op)
-            return out
-        i = pos[0]
-        pos[0] = i + 1
-        i &= mask
-        calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
-        comm.Allreduce(x, out, mpi_op)
-        ends[i] = clock()
-        return out
-
-    return run
-
-
-def native_call(g: Any, name: str, method: str, *args: Any) -> Callable[[np.ndarray], Any]:
-    """A closure that takes ``x`` through the group's core in one C call,
-    ``core.<method>(x, *args)`` (the segment made and holding ``x``; None otherwise),
-    recorded as the others record: reduce_scatter, all_gather and broadcast."""
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
-    from fcoll.backends.native import module
-
-    mismatch = module().Mismatch
-
-    def run(x: np.ndarray) -> Any:
-        seg = g.shm
-        if not seg or x.nbytes > seg.capacity or (core := seg.core) is None:
-            return None
-        g.seq += 1
-        i = pos[0]
-        if calls is not None:
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, name, "numpy", x.shape, x.dtype, clock())
-        try:
-            y = getattr(core, method)(x, *args)
-        except mismatch as error:
-            raise _told(g, name, error) from None
-        if calls is not None:
-            ends[i] = clock()
-        return y
 
     return run

@@ -3,7 +3,7 @@ them for all_reduce (keyed by `fcoll.collectives._fast.key`: the default group's
 ``(fn, op, dtype)``, a Group's ``(group, (fn, op, dtype))``): after a first call of an
 ``(op, dtype)`` on the group with plain arguments (no ``with_total``, blocking, no deadline, debug
 off), later calls go in one dict lookup to the compiled core's scan through the segment
-(`fcoll.collectives._fast.native_call`), or to MPI's ``Scan``/``Exscan`` where its op is
+(`fcoll.collectives._fast_native.call`), or to MPI's ``Scan``/``Exscan`` where its op is
 exact and the core does not serve. A closure answers None where its case does not hold
 (the full path takes the call); every closure is dropped when a setting changes.
 """
@@ -19,7 +19,8 @@ from fcoll import _runtime, _trace
 from fcoll._fingerprint import kind_bits
 from fcoll._plan import ReductionPlan
 from fcoll.backends import native
-from fcoll.collectives._fast import Fast, native_call
+from fcoll.collectives._fast import Fast
+from fcoll.collectives._fast_native import call as native_call
 from fcoll.collectives._fold import native_kernel
 from fcoll.work import fast_eligible
 

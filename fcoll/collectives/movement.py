@@ -73,8 +73,9 @@ def broadcast(
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
-        _fast.learn(_fast.BROADCAST, _fast.key(group, (src, x.dtype)), g, _fast.broadcast, backend.BYTE, root,
-                    shm_range(g, "broadcast"), x.dtype, native.running())
+        key = _fast.key(group, (src, x.dtype))
+        _fast.learn(_fast.BROADCAST, key, g, _fast.broadcast, backend.BYTE, root,
+                    shm_range(g, "broadcast"), x.dtype, native.running(), key)
     if not async_op and (shared := on_node(call, x.nbytes, "broadcast")) is not None:
         fp = fingerprint("broadcast", "", x.dtype, root)
         return shared.broadcast(call, x, root, fp)  # type: ignore[no-any-return]
@@ -193,8 +194,9 @@ def all_gather_into_tensor(
         checked = _checked_sizes(flat, dim, sizes, g, gather_dim)
     if not async_op and sizes is None and dim == 0 and x.ndim and x.flags.c_contiguous:  # the common case
         if type(gather_dim) is int:
-            _fast.learn(_fast.ALL_GATHER, _fast.key(group, x.dtype), g, _fast.all_gather, backend.BYTE,
-                        shm_range(g, "all_gather"), x.dtype, native.running())
+            key = _fast.key(group, x.dtype)
+            _fast.learn(_fast.ALL_GATHER, key, g, _fast.all_gather, backend.BYTE,
+                        shm_range(g, "all_gather"), x.dtype, native.running(), key)
         out = np.empty((x.shape[0] * g.size, *x.shape[1:]), x.dtype)
         return allgather(call, x, out)
     x = flat

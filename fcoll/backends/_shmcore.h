@@ -1,0 +1,75 @@
+/* Shared by the compiled shared-memory core's files (fcoll.backends._shmcore): the segment's
+ * layout, the core's state, the folds' table and the step description. See _shmcore.c. */
+#ifndef FCOLL_SHMCORE_H
+#define FCOLL_SHMCORE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL fcoll_shmcore_ARRAY_API /* one numpy C-API table for the files */
+#include <numpy/arrayobject.h>
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define LINE 64
+#define PER_RANK 128
+#define INLINE 40
+#define BLOCK 1024
+#define MAX_RANKS 256
+
+typedef struct {
+    _Atomic int64_t step;
+    int64_t fp;
+    int64_t count;
+    unsigned char data[INLINE];
+} Line;
+
+_Static_assert(sizeof(Line) == LINE, "a control line is one cache line");
+
+/* wire types and ops (fcoll/backends/native.py names them) */
+enum { T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_U64, T_I64, T_F16, T_BF16, T_F32, T_F64,
+       T_C64, T_C128, T_COUNT };
+enum { O_ADD, O_MUL, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
+enum { F_AVG = 1, F_SCALE = 2, F_INCLUSIVE = 4, F_EXCLUSIVE = 8 };
+/* the kinds of call the core takes */
+enum { K_REDUCE, K_SCAN, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_COUNT };
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    char *base;
+    int n, rank, oversubscribed;
+    Py_ssize_t capacity, head, chunk;
+    int64_t step;
+    PyObject *serve;
+} Core;
+
+/* What one call does: its kind, fold (type, op, flags, factor), root, fingerprint, deadline */
+typedef struct {
+    int kind, type, op, flags, root;
+    double factor;
+    int64_t fp;
+    double deadline;
+} Step;
+
+typedef void (*fold_fn)(char *out, const char *const *rows, int n, Py_ssize_t count, int avg);
+
+extern fold_fn folds[T_COUNT][O_COUNT]; /* _shmfold.c; NULL where fcoll never asks */
+extern const int elem_size[T_COUNT], fold_size[T_COUNT];
+void scale_copy(char *dst, const char *src, int type, Py_ssize_t count, double factor);
+
+extern PyObject *Mismatch, *Timeout; /* _shmcore.c */
+extern PyTypeObject CoreType, FastType;
+
+/* 1 where the core takes ``x`` for ``s`` (layout, sizes the segment holds), else 0: the
+ * caller then takes the numpy path, before any step */
+int shm_takes(Core *c, const Step *s, PyArrayObject *x);
+/* the call (after shm_takes): a new array, NULL with Mismatch(step), Timeout or another error
+ * set; ``out``: allgather's or allreduce's given result (x itself: in place) or Py_None */
+PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out);
+/* 0 where the core folds (type, op), else -1 with ValueError set */
+int shm_fold_ok(int type, int op);
+
+#endif
