@@ -173,7 +173,8 @@ def main() -> None:
     dist.destroy_process_group()
     if fc.get_rank() == 0:
         report(rows)
-        append_rows(args.csv, rows)
+        fields = list(dict.fromkeys(k for row in rows for k in row))  # both kinds in one CSV
+        append_rows(args.csv, [{k: row.get(k, "") for k in fields} for row in rows])
 
 
 if __name__ == "__main__":
