@@ -94,7 +94,7 @@ def ddp_row(hidden: int, steps: int, warmup: int, batch: int, cap: float,
             seconds = slowest(lambda name=name, xs=xs, ys=ys: ddp_step(nets[name], opts[name], xs, ys))
             if i >= warmup:
                 times[name].append(seconds)
-    diff = max(float((a - b).abs().max()) for a, b in
+    diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
                zip(nets["fcoll"].parameters(), nets["gloo"].parameters(), strict=True))
     row: dict[str, object] = {"kind": "ddp", "n": n, "hidden": hidden,
                               "params": sum(p.numel() for p in nets["gloo"].parameters())}
@@ -107,7 +107,9 @@ def ddp_row(hidden: int, steps: int, warmup: int, batch: int, cap: float,
 
 
 def plot(rows_csv: Path, out: Path) -> None:
-    """all_reduce time over gloo's per size, one line per world size (latest rows)."""
+    """Time on "fcoll" over gloo's (latest rows): all_reduce per message size, one line per
+    world size (dashed: the 0.5 target), and the DDP step per model and world size (dashed:
+    the 0.9 target)."""
     import csv
 
     import matplotlib
@@ -115,19 +117,26 @@ def plot(rows_csv: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    latest = {(r["kind"], r["n"], r.get("bytes") or r.get("hidden")): r
+    latest = {(r["kind"], int(r["n"]), int(r.get("bytes") or r.get("hidden") or 0)): r
               for r in csv.DictReader(rows_csv.open())}
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6), width_ratios=(3, 2))
     for n in sorted({k[1] for k in latest if k[0] == "all_reduce"}):
-        rows = sorted((int(str(r["bytes"])), float(str(r["ratio"]))) for k, r in latest.items()
+        rows = sorted((k[2], float(r["ratio"])) for k, r in latest.items()
                       if k[0] == "all_reduce" and k[1] == n)
-        ax.plot([b for b, _ in rows], [v for _, v in rows], "o-", label=f"all_reduce, n={n}")
-    ax.axhline(0.5, color="black", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message bytes per rank")
-    ax.set_ylabel('time on "fcoll" / on gloo')
-    ax.set_ylim(0, 1.1)
-    ax.legend(fontsize=8)
+        left.plot([b for b, _ in rows], [v for _, v in rows], "o-", label=f"n = {n}")
+    left.axhline(0.5, color="black", lw=0.8, ls="--")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("all_reduce message bytes per rank (float32)")
+    left.set_ylabel('time on "fcoll" / on gloo')
+    left.set_ylim(0, 1.1)
+    left.legend(fontsize=8)
+    ddp = sorted((k[1], int(r["params"]), float(r["ratio"])) for k, r in latest.items()
+                 if k[0] == "ddp")
+    right.bar(range(len(ddp)), [v for _, _, v in ddp], color="tab:green")
+    right.set_xticks(range(len(ddp)), [f"n = {n}\n{p / 1e6:.2f} M" for n, p, _ in ddp], fontsize=8)
+    right.axhline(0.9, color="black", lw=0.8, ls="--")
+    right.set_ylim(0, 1.1)
+    right.set_title("DDP step", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
