@@ -331,3 +331,30 @@ def test_device_mesh_subgroups() -> None:
         t = t32([r + 1.0])
         dist.all_reduce(t, group=pg)
         assert t.item() == sum(q + 1 for q in members)
+
+
+def test_contiguous_outputs_are_filled_without_a_copy(pg: PG, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The out= path: a contiguous CPU output is written by fcoll through its numpy view,
+    never by copying a result in (`put` fails here if it is called)."""
+    from fcoll.torch import _collectives
+
+    def no_put(t: torch.Tensor, y: object) -> None:
+        raise AssertionError("a result was copied into a contiguous CPU output")
+
+    monkeypatch.setattr(_collectives, "put", no_put)
+    n, r = pg.size, pg.rank
+    t = t32([r + 1.0] * 3)
+    dist.all_reduce(t, group=pg.pg)
+    assert t.tolist() == [n * (n + 1) / 2] * 3
+    b = torch.full((4,), r, dtype=torch.bfloat16)
+    dist.broadcast(b, dist.get_global_rank(pg.pg, n - 1) if pg.pg else n - 1, group=pg.pg)
+    assert b.tolist() == [n - 1.0] * 4
+    out = torch.empty(2 * n)
+    dist.all_gather_into_tensor(out, torch.full((2,), float(r)), group=pg.pg)
+    assert out.tolist() == [float(q) for q in range(n) for _ in range(2)]
+    block = torch.empty(2, dtype=torch.int64)
+    dist.reduce_scatter_tensor(block, torch.arange(2 * n) + r, group=pg.pg)
+    assert block.tolist() == [n * (2 * r + k) + n * (n - 1) // 2 for k in range(2)]
+    swapped = torch.empty(n)
+    dist.all_to_all_single(swapped, torch.arange(float(n)) + 10 * r, group=pg.pg)
+    assert swapped.tolist() == [10.0 * q + r for q in range(n)]
