@@ -13,13 +13,14 @@ import optree
 
 from fcoll._dispatch import is_cupy
 from fcoll._tree import array_module, foreign_leaves, pack, path_name, unpack
+from fcoll._types import T
 from fcoll.collectives import all_reduce_coalesced, broadcast
 from fcoll.group import GroupArg
 from fcoll.objects import all_gather_object
 
 
 @foreign_leaves
-def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> Any:
+def broadcast_parameters(params: T, src: int = 0, group: GroupArg = None) -> T:
     """A new pytree equal to group rank ``src``'s ``params`` on every rank.
 
     All leaves travel in one message (every rank's tree must have the same structure,
@@ -70,7 +71,7 @@ def _leaf(entry: tuple[tuple[int, ...], str] | None) -> str:
 
 
 @foreign_leaves
-def average_parameters(params: Any, group: GroupArg = None) -> Any:
+def average_parameters(params: T, group: GroupArg = None) -> T:
     """A new pytree of the mean over ranks of every leaf (one fused message per dtype).
 
     Example:
@@ -102,7 +103,7 @@ class PeriodicModelAverager:
         self.period, self.warmup_steps, self.group = period, warmup_steps, group
         self.step = 0
 
-    def average_parameters(self, params: Any) -> Any:
+    def average_parameters(self, params: T) -> T:
         """Average now if the schedule says so; count the call either way.
 
         Example:
