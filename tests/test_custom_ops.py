@@ -9,6 +9,7 @@ import functools
 import os
 from collections.abc import Iterator
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -157,6 +158,18 @@ def test_located_layouts(group, layout):
     assert values.shape == ranks.shape == inputs[0].shape and ranks.dtype == np.int64
     expected_values, expected_ranks = _located_reference(inputs, "max")
     assert same_bits(values, expected_values) and same_bits(ranks, expected_ranks)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("fn", [fc.maxloc, fc.minloc])
+def test_located_zero_keeps_the_lowest_ranks_sign(group, fn, dtype):
+    """Every transport (MPI's fold in any order, the segment's) gives the zero of the lowest
+    rank holding one: -0.0 where that rank has it, 0.0 where it has 0.0 and others -0.0."""
+    r, dt = group.rank, np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.array([-0.0 if r == 0 else 0.0, 0.0 if r == 0 else -0.0, -0.0 if r % 2 else 0.0], dt)
+    values, ranks = fn(x, group.arg)
+    assert np.signbit(values.astype(np.float32)).tolist() == [True, False, False]
+    assert ranks.tolist() == [0, 0, 0] and values.dtype == dt
 
 
 def test_located_signed_zero_and_seed(group):

@@ -1,8 +1,8 @@
 """Located reductions: `maxloc` and `minloc` (MPI's ``MAXLOC``/``MINLOC``) as pure functions.
 
-Each is two all-reduces: the values (max or min, folded in group-rank order like every
-fcoll reduction, so the value kept among equals, ``-0.0`` against ``0.0`` say, is the
-lowest rank's), then the lowest group rank holding them (an int64 min). NaN counts as the
+Each is two all-reduces: the values (max or min), then the lowest group rank holding them
+with that rank's sign bit (an int64 min), so the value kept among equals, ``-0.0`` against
+``0.0``, is the lowest rank's whichever transport folded the values. NaN counts as the
 extreme, as ``np.maximum`` and ``np.argmax`` have it: the first rank with a NaN wins. Both
 all-reduces take the usual transports (the segment on one node, NCCL for cupy).
 """
@@ -35,11 +35,35 @@ def _located(fn: str, op: ReduceOp, x: Any, group: GroupArg) -> tuple[Any, Any]:
     values = all_reduce(x, op.value, group)
     flat, best = x.reshape(-1), values.reshape(-1)
     hit = flat == best
-    if x.dtype.kind not in "biu":  # NaN: equal to nothing, the extreme of every fold
+    exact = x.dtype.kind in "biu"
+    if not exact:  # NaN: equal to nothing, the extreme of every fold
         hit |= (flat != flat) & (best != best)
-    mine = hit.astype(np.int64) * (g.rank - g.size) + g.size  # own rank where it holds the value
-    ranks = all_reduce(mine, "min", group).reshape(x.shape)
-    return values, ranks
+    # 2 * own rank (+1 for a negative sign) where it holds the value, else 2 * size: the min
+    # gives the lowest rank holding it and that rank's sign, which tells -0.0 from 0.0.
+    sign = 0 if exact else _negative(flat)
+    mine = hit.astype(np.int64) * (2 * (g.rank - g.size) + sign) + 2 * g.size
+    lowest = all_reduce(mine, "min", group)
+    if not exact:
+        values = _signed_zeros(best, lowest % 2 == 1).reshape(x.shape)
+    return values, (lowest // 2).reshape(x.shape)
+
+
+def _negative(flat: Any) -> Any:
+    """1 where ``flat``'s sign bit is set, else 0, as int64 (any float dtype, bfloat16 too)."""
+    bits = 8 * flat.dtype.itemsize
+    return (flat.view(f"u{flat.dtype.itemsize}") >> (bits - 1)).astype(np.int64)
+
+
+def _signed_zeros(best: Any, negative: Any) -> Any:
+    """``best`` with each zero given the sign of the lowest rank holding it: equal values are
+    every rank's alike except -0.0 and 0.0, which whichever fold MPI ran may have mixed."""
+    zero = best == 0
+    if zero.any():
+        best = best.copy()
+        best[zero] = abs(best[zero])
+        neg = zero & negative
+        best[neg] = -best[neg]
+    return best
 
 
 def maxloc(x: A, group: GroupArg = None) -> tuple[A, A]:
