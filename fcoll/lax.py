@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import optree
@@ -70,12 +70,12 @@ def _transformable(kind: str, fn: str, eager: Callable[..., Any], x: T, axis_nam
                    **params: Any) -> T:
     """``eager(x)`` (the numpy/cupy/torch/JAX path), or, for a tree holding JAX tracers,
     fcoll's primitive of ``kind`` (`fcoll.xla.primitives.bind`)."""
-    leaves, spec = optree.tree_flatten(x)
+    leaves, spec = optree.tree_flatten(cast(Any, x))
     if _traced(leaves):
         from fcoll.xla import primitives
 
         got = primitives.bind(kind, leaves, _group(axis_name, fn), fn, **params)
-        return optree.tree_unflatten(spec, got)  # type: ignore[no-any-return]  # x's structure
+        return cast(T, optree.tree_unflatten(spec, got))  # x's structure
     _refuse_torch_grad(leaves, fn)
     return eager(x)  # type: ignore[no-any-return]  # a tree of x's structure and array type
 

@@ -143,16 +143,16 @@ def send(x: ArrayProtocol, dst: int, group: GroupArg = None, tag: int = 0) -> No
         >>> if r == 1: fc.recv(src=0)
         array([0, 1, 2])
     """
-    x, flags = _host(x, "send")
+    host, flags = _host(x, "send")
     g, call = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
-    check_array(x, "send")
+    array = check_array(host, "send")
     tag = _tag(tag, "send")
-    if x.nbytes <= INLINE_LIMIT:
-        _send(call, _packed(x, flags), peer, 2 * tag)
+    if array.nbytes <= INLINE_LIMIT:
+        _send(call, _packed(array, flags), peer, 2 * tag)
         return
-    _send(call, _header(x, _SEPARATE | flags), peer, 2 * tag)
-    _send(call, c_order(x), peer, 2 * tag + 1)
+    _send(call, _header(array, _SEPARATE | flags), peer, 2 * tag)
+    _send(call, c_order(array), peer, 2 * tag + 1)
 
 
 @overload
@@ -206,11 +206,10 @@ def isend(x: ArrayProtocol, dst: int, group: GroupArg = None, tag: int = 0) -> W
         >>> fc.recv(src=1 - r), w.wait()                    # on rank 0; rank 1 gets [0]
         (array([1]), None)
     """
-    x, flags = _host(x, "isend")  # a cupy array: copied to the host at the call
+    host, flags = _host(x, "isend")  # a cupy array: copied to the host at the call
     g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
-    check_array(x, "isend")
-    packed = _packed(x, flags)
+    packed = _packed(check_array(host, "isend"), flags)
     request = call.comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
     return Work(RequestOperation("isend", g, request, lambda: None, (packed,)))
 
@@ -332,7 +331,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work[Any]]:
     if len(groups) > 1:
         raise ValueError("batch_isend_irecv: All ops need to use the same group")
     return [
-        isend(p.tensor, p.peer, p.group, p.tag) if p.op is isend  # type: ignore[arg-type]  # None: TypeError
+        isend(p.tensor, p.peer, p.group, p.tag) if p.op is isend
         else irecv(p.peer, p.group, p.tag)
         for p in p2p_op_list
     ]
@@ -350,7 +349,7 @@ def permute_tensor(x: A, src_dst: Sequence[int | None], group: GroupArg = None) 
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         from fcoll.gpu import route
 
-        return route.run(on, fn, permute_tensor, x, src_dst, group=group)
+        return route.run(on, fn, permute_tensor, x, src_dst, group=group)  # type: ignore[no-any-return]
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, src_dst=src_dst):
         array = check_array(x, fn)

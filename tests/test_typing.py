@@ -4,7 +4,7 @@ lines infer each result's type from a numpy, torch, JAX or cupy-shaped input and
 non-array calls must be rejected (an ignore comment that hides no error is an error).
 
 Runs at world size 1 only; needs torch and JAX installed (the file imports them) and
-pyright, from the ``test`` extra (its first run fetches the pinned pyright from npm)."""
+pyright, from the ``test`` extra (the pinned PyPI wheel, with Node.js from PyPI)."""
 
 from __future__ import annotations
 

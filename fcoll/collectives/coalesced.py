@@ -98,8 +98,9 @@ def all_gather_into_tensor_coalesced(xs: Sequence[A], group: GroupArg = None) ->
     send = np.concatenate([as_bytes(x) for x in arrays])
     gathered = movement.allgather(call, send, np.empty((g.size, send.size), np.uint8))
     offsets = np.cumsum([0, *(x.nbytes for x in arrays)]).tolist()
-    return [  # type: ignore[misc]  # numpy in, numpy out
-        np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(g.size * x.shape[0], *x.shape[1:])
+    return [
+        np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(  # type: ignore[misc]  # numpy in, out
+            g.size * x.shape[0], *x.shape[1:])
         for x, a, b in zip(arrays, offsets, offsets[1:], strict=False)
     ]
 

@@ -136,7 +136,8 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
     """
     fn = "halo_exchange"
     if type(x) is not np.ndarray and (on := device(x)) is not None:
-        return route.run(on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
+        return route.run(  # type: ignore[no-any-return]  # the caller's array type
+            on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
     key = _key(x, mesh, width, dims, periodic) if type(x) is np.ndarray else None
     steps = None if key is None or _runtime._state.checking else _STEPS.get(key)
     if steps is None:

@@ -105,7 +105,7 @@ def reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
         array([6])
     """
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(  # type: ignore[no-any-return]
+        return route.run(
             on, "reduce", reduce, x, dst, op, group=group, async_op=async_op)
     g, call = member(group, "reduce")
     with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
@@ -200,7 +200,8 @@ def reduce_scatter(chunks: Sequence[A], op: Op = "sum", group: GroupArg = None) 
         array([2., 2.])
     """
     if (on := device_list(chunks, group, "reduce_scatter", "chunks")) is not None:
-        return route.run(on, "reduce_scatter", reduce_scatter, chunks, op, group=group)
+        return route.run(  # type: ignore[no-any-return]  # the caller's array type
+            on, "reduce_scatter", reduce_scatter, chunks, op, group=group)
     fn = "reduce_scatter"
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, chunks=chunks, op=op):

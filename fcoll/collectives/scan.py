@@ -142,6 +142,9 @@ def exscan(x: A, op: Named = ..., group: GroupArg = ..., *,
 def exscan(x: A, op: Op = ..., group: GroupArg = ..., *,
            with_total: Literal[False] = ..., async_op: Literal[True]) -> Work[A | None]: ...
 @overload
+def exscan(x: A, op: Named = ..., group: GroupArg = ..., *, with_total: Literal[True],
+           async_op: Literal[True]) -> Work[tuple[A, A]]: ...
+@overload
 def exscan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
            async_op: Literal[True]) -> Work[tuple[A | None, A]]: ...
 @overload

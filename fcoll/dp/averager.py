@@ -220,7 +220,7 @@ class GradientAverager:
             >>> w.wait()                               # rank 0 held [0.], rank 1 [1.]; both get
             {'b': array([0.5])}
         """
-        paths, given, spec = optree.tree_flatten_with_path(grads)
+        paths, given, spec = optree.tree_flatten_with_path(cast(Any, grads))
         leaves, like = native_leaves(given, grads, "GradientAverager")
         xp = array_module(leaves, "GradientAverager", grads, arrays_only=True)
         if leaves:
@@ -234,7 +234,7 @@ class GradientAverager:
             if self._joiner is not None:
                 self._contributors = self._joiner.agree(True, leaves)
             work = self._average(leaves, xp, paths, spec)
-        return work if like is None else work.then(lambda tree: back(tree, like))
+        return cast(Work[T], work if like is None else work.then(lambda tree: back(tree, like)))
 
     def _same_kind(self, xp: ModuleType, like: Any, fn: str, name: str, got: object) -> None:
         """Note that the gradients now arriving use ``xp`` (seen from ``like``'s type, if they

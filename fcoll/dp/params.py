@@ -6,7 +6,7 @@ stay on their device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import optree
@@ -31,13 +31,13 @@ def broadcast_parameters(params: T, src: int = 0, group: GroupArg = None) -> T:
         >>> fc.dp.broadcast_parameters(p)           # on every rank
         {'w': array([0., 0.])}
     """
-    leaves, spec = optree.tree_flatten(params)
+    leaves, spec = optree.tree_flatten(cast(Any, params))
     if not leaves:
         return params
     xp = array_module(leaves, "broadcast_parameters", params)
     if xp is np:
         leaves = [np.asarray(leaf) for leaf in leaves]
-    return optree.tree_unflatten(spec, unpack(broadcast(pack(leaves, xp), src, group), leaves))
+    return cast(T, optree.tree_unflatten(spec, unpack(broadcast(pack(leaves, xp), src, group), leaves)))
 
 
 @foreign_leaves
@@ -78,9 +78,9 @@ def average_parameters(params: T, group: GroupArg = None) -> T:
         >>> fc.dp.average_parameters({"w": np.full(2, float(r))})    # 2 ranks
         {'w': array([0.5, 0.5])}
     """
-    leaves, spec = optree.tree_flatten(params)
+    leaves, spec = optree.tree_flatten(cast(Any, params))
     array_module(leaves, "average_parameters", params)  # names a leaf if numpy and cupy mix
-    return optree.tree_unflatten(spec, all_reduce_coalesced(leaves, "avg", group))
+    return cast(T, optree.tree_unflatten(spec, all_reduce_coalesced(leaves, "avg", group)))
 
 
 class PeriodicModelAverager:

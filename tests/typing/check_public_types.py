@@ -28,14 +28,9 @@ F64 = npt.NDArray[np.float64]
 class CupyArray:
     """The attributes ``cupy.ndarray`` has that fcoll's array protocol reads."""
 
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def dtype(self) -> np.dtype[Any]: ...
-
-    @property
-    def ndim(self) -> int: ...
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    ndim: int
 
 
 def reductions(x: F64, t: torch.Tensor, j: jax.Array, c: CupyArray) -> None:
@@ -146,11 +141,11 @@ def data_parallel(x: F64, t: torch.Tensor, j: jax.Array) -> None:
 def rejected(x: F64) -> None:
     """Non-arrays: each call must be an error for both checkers."""
     fc.all_reduce(1.0)  # type: ignore[call-overload]  # pyright: ignore[reportArgumentType]
-    fc.all_reduce([1.0, 2.0], async_op=True)  # type: ignore[call-overload]  # pyright: ignore[reportArgumentType]
+    fc.all_reduce([1.0, 2.0], async_op=True)  # type: ignore[call-overload]  # pyright: ignore[reportArgumentType, reportCallIssue]
     fc.broadcast("abc")  # type: ignore[call-overload]  # pyright: ignore[reportArgumentType]
     fc.all_gather([1, 2])  # type: ignore[type-var]  # pyright: ignore[reportArgumentType]
     fc.reduce_scatter([1.0, 2.0])  # type: ignore[type-var]  # pyright: ignore[reportArgumentType]
     fc.all_reduce_coalesced(["a"])  # type: ignore[type-var]  # pyright: ignore[reportArgumentType]
     fc.send(3, dst=1)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
-    fc.permute_tensor(x.tolist(), [1, 0])  # type: ignore[type-var]  # pyright: ignore[reportArgumentType]
+    fc.permute_tensor([1.0, 2.0], [1, 0])  # type: ignore[type-var]  # pyright: ignore[reportArgumentType]
     fc.scan(2)  # type: ignore[call-overload]  # pyright: ignore[reportArgumentType]
