@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import optree
 
 from fcoll import _axes
 from fcoll._tree import Array, array_module, foreign_leaves
+from fcoll._types import T
 from fcoll.group import Group
 from fcoll.mesh import axis_group
 
@@ -65,18 +66,18 @@ def _refuse_torch_grad(leaves: list[Any], fn: str) -> None:
             "...), whose results carry a grad_fn, or call it on .detach()")
 
 
-def _transformable(kind: str, fn: str, eager: Callable[..., Any], x: Any, axis_name: AxisName,
-                   **params: Any) -> Any:
+def _transformable(kind: str, fn: str, eager: Callable[..., Any], x: T, axis_name: AxisName,
+                   **params: Any) -> T:
     """``eager(x)`` (the numpy/cupy/torch/JAX path), or, for a tree holding JAX tracers,
     fcoll's primitive of ``kind`` (`fcoll.xla.primitives.bind`)."""
-    leaves, spec = optree.tree_flatten(x)
+    leaves, spec = optree.tree_flatten(cast(Any, x))
     if _traced(leaves):
         from fcoll.xla import primitives
 
         got = primitives.bind(kind, leaves, _group(axis_name, fn), fn, **params)
-        return optree.tree_unflatten(spec, got)
+        return cast(T, optree.tree_unflatten(spec, got))  # x's structure
     _refuse_torch_grad(leaves, fn)
-    return eager(x)
+    return eager(x)  # type: ignore[no-any-return]  # a tree of x's structure and array type
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -103,11 +104,11 @@ _REDUCERS = {fn: _reducer(fn, op) for fn, op in
              (("psum", "sum"), ("pmean", "avg"), ("pmax", "max"), ("pmin", "min"))}
 
 
-def _reduction(x: Any, axis_name: AxisName, op: str, fn: str) -> Any:
+def _reduction(x: T, axis_name: AxisName, op: str, fn: str) -> T:
     return _transformable("psum", fn, lambda t: _REDUCERS[fn](t, axis_name), x, axis_name, op=op)
 
 
-def psum(x: Any, axis_name: AxisName) -> Any:
+def psum(x: T, axis_name: AxisName) -> T:
     """Sum of ``x`` (a pytree) over the ranks along ``axis_name``.
 
     Example:
@@ -118,7 +119,7 @@ def psum(x: Any, axis_name: AxisName) -> Any:
     return _reduction(x, axis_name, "sum", "psum")
 
 
-def pmean(x: Any, axis_name: AxisName) -> Any:
+def pmean(x: T, axis_name: AxisName) -> T:
     """Mean of ``x`` (a pytree of floating arrays) along ``axis_name``.
 
     Example:
@@ -129,7 +130,7 @@ def pmean(x: Any, axis_name: AxisName) -> Any:
     return _reduction(x, axis_name, "avg", "pmean")
 
 
-def pmax(x: Any, axis_name: AxisName) -> Any:
+def pmax(x: T, axis_name: AxisName) -> T:
     """Elementwise maximum of ``x`` along ``axis_name`` (no gradient).
 
     Example:
@@ -140,7 +141,7 @@ def pmax(x: Any, axis_name: AxisName) -> Any:
     return _reduction(x, axis_name, "max", "pmax")
 
 
-def pmin(x: Any, axis_name: AxisName) -> Any:
+def pmin(x: T, axis_name: AxisName) -> T:
     """Elementwise minimum of ``x`` along ``axis_name`` (no gradient).
 
     Example:
@@ -182,7 +183,7 @@ def _gather(x: Any, axis_name: AxisName, axis: int, tiled: bool) -> Any:
                                                         axis, tiled, xp))
 
 
-def all_gather(x: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False) -> Any:
+def all_gather(x: T, axis_name: AxisName, *, axis: int = 0, tiled: bool = False) -> T:
     """Every rank's ``x`` along ``axis_name``, stacked on a new axis ``axis`` (JAX's
     default), or concatenated along ``axis`` when ``tiled=True``.
 
@@ -206,8 +207,8 @@ def _scatter(x: Any, axis_name: AxisName, dim: int, tiled: bool) -> Any:
     return optree.tree_unflatten(spec, _axes.psum_scatter(leaves, g, dim, tiled, xp))
 
 
-def psum_scatter(x: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
-                 tiled: bool = False) -> Any:
+def psum_scatter(x: T, axis_name: AxisName, *, scatter_dimension: int = 0,
+                 tiled: bool = False) -> T:
     """Sum along ``axis_name``, then keep this rank's block of ``scatter_dimension``.
 
     Not tiled (JAX's default): that dimension must equal the axis size and is removed.
@@ -231,8 +232,8 @@ def _to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, tile
     return optree.tree_unflatten(spec, _axes.all_to_all(leaves, g, split_axis, concat_axis, tiled, xp))
 
 
-def all_to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, *,
-               tiled: bool = False) -> Any:
+def all_to_all(x: T, axis_name: AxisName, split_axis: int, concat_axis: int, *,
+               tiled: bool = False) -> T:
     """Split each leaf along ``split_axis`` into one block per rank, send block ``i`` to
     rank ``i``, and concatenate what arrives along ``concat_axis`` (JAX's semantics: not
     tiled, ``x.shape[split_axis]`` must equal the axis size, that axis is removed and a new
@@ -256,7 +257,7 @@ def _permute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
     return optree.tree_unflatten(spec, _axes.ppermute(leaves, g, _axes.sources(perm, g.size), xp))
 
 
-def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
+def ppermute(x: T, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> T:
     """Send ``x`` from ``src`` to ``dst`` for each ``(src, dst)`` in ``perm`` (indices along
     ``axis_name``); ranks that receive nothing get zeros.
 
@@ -271,7 +272,7 @@ def ppermute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> An
                           x, axis_name, src_dst=src_dst)
 
 
-def pshuffle(x: Any, axis_name: AxisName, perm: Sequence[int]) -> Any:
+def pshuffle(x: T, axis_name: AxisName, perm: Sequence[int]) -> T:
     """`ppermute` with ``perm[i]`` = the index whose ``x`` rank ``i`` receives.
 
     Example:

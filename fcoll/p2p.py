@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from fcoll._header import header as _header
 from fcoll._header import inline as _inline
 from fcoll._header import parse as _parse
 from fcoll._runtime import mpi
+from fcoll._types import A, ArrayProtocol
 from fcoll._validate import check_array, check_permutation, check_rank
 from fcoll.backends import interop
 from fcoll.collectives._common import c_order
@@ -133,7 +134,7 @@ def _peer(peer: object, g: Group, fn: str, name: str, self_ok: bool) -> int:
     return rank
 
 
-def send(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> None:
+def send(x: ArrayProtocol, dst: int, group: GroupArg = None, tag: int = 0) -> None:
     """Send ``x`` to group rank ``dst`` (blocking until ``x`` may be reused). A cupy
     array is sent from a host copy and arrives as a cupy array where cupy is imported.
 
@@ -142,16 +143,24 @@ def send(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> None:
         >>> if r == 1: fc.recv(src=0)
         array([0, 1, 2])
     """
-    x, flags = _host(x, "send")
+    host, flags = _host(x, "send")
     g, call = member(group, "send")
     peer = _peer(dst, g, "send", "dst", self_ok=False)
-    check_array(x, "send")
+    array = check_array(host, "send")
     tag = _tag(tag, "send")
-    if x.nbytes <= INLINE_LIMIT:
-        _send(call, _packed(x, flags), peer, 2 * tag)
+    if array.nbytes <= INLINE_LIMIT:
+        _send(call, _packed(array, flags), peer, 2 * tag)
         return
-    _send(call, _header(x, _SEPARATE | flags), peer, 2 * tag)
-    _send(call, c_order(x), peer, 2 * tag + 1)
+    _send(call, _header(array, _SEPARATE | flags), peer, 2 * tag)
+    _send(call, c_order(array), peer, 2 * tag + 1)
+
+
+@overload
+def recv(src: int | None = ..., group: GroupArg = ..., tag: int = ..., *,
+         return_source: Literal[False] = ...) -> Any: ...
+@overload
+def recv(src: int | None = ..., group: GroupArg = ..., tag: int = ..., *,
+         return_source: Literal[True]) -> tuple[Any, int]: ...
 
 
 def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
@@ -187,7 +196,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     return (out, status.Get_source()) if return_source else out
 
 
-def isend(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
+def isend(x: ArrayProtocol, dst: int, group: GroupArg = None, tag: int = 0) -> Work[None]:
     """Start sending ``x`` (copied at the call) to group rank ``dst``; returns a `Work`.
     A cupy array arrives as a cupy array where cupy is imported (see `recv`).
 
@@ -197,11 +206,10 @@ def isend(x: Any, dst: int, group: GroupArg = None, tag: int = 0) -> Work:
         >>> fc.recv(src=1 - r), w.wait()                    # on rank 0; rank 1 gets [0]
         (array([1]), None)
     """
-    x, flags = _host(x, "isend")  # a cupy array: copied to the host at the call
+    host, flags = _host(x, "isend")  # a cupy array: copied to the host at the call
     g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
-    check_array(x, "isend")
-    packed = _packed(x, flags)
+    packed = _packed(check_array(host, "isend"), flags)
     request = call.comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
     return Work(RequestOperation("isend", g, request, lambda: None, (packed,)))
 
@@ -263,7 +271,7 @@ class _Receive(Operation):
         self._landed()
 
 
-def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work:
+def irecv(src: int | None = None, group: GroupArg = None, tag: int = 0) -> Work[Any]:
     """Start receiving from group rank ``src`` (any rank if ``None``); ``wait()`` returns
     the array and `Work.source_rank` the sender. A cupy array sent arrives as a cupy array
     on the device current at this call, if cupy is imported here (see `recv`).
@@ -294,7 +302,7 @@ class P2POp:
     """
 
     op: Any
-    tensor: Any
+    tensor: ArrayProtocol | None
     peer: int
     group: GroupArg = None
     tag: int = 0
@@ -308,7 +316,7 @@ class P2POp:
                             f"with the message), got {type(self.tensor).__name__}")
 
 
-def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work[Any]]:
     """Start every operation of the list; returns one `Work` per operation, in order.
 
     Example:
@@ -329,7 +337,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     ]
 
 
-def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg = None) -> np.ndarray:
+def permute_tensor(x: A, src_dst: Sequence[int | None], group: GroupArg = None) -> A:
     """Rank ``i`` sends ``x`` to rank ``src_dst[i]`` (``None``: sends nothing); a rank
     that receives nothing gets zeros. Every rank passes the same shape and dtype.
 
@@ -341,18 +349,18 @@ def permute_tensor(x: np.ndarray, src_dst: Sequence[int | None], group: GroupArg
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         from fcoll.gpu import route
 
-        return route.run(on, fn, permute_tensor, x, src_dst, group=group)
+        return route.run(on, fn, permute_tensor, x, src_dst, group=group)  # type: ignore[no-any-return]
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, src_dst=src_dst):
-        check_array(x, fn)
+        array = check_array(x, fn)
         targets = check_permutation(src_dst, g.size, fn)
     dst = targets[g.rank]
     senders = [i for i, d in enumerate(targets) if d == g.rank]
     if dst == g.rank:
-        return np.array(x, order="C", copy=True)
-    out = np.empty(x.shape, x.dtype) if senders else np.zeros(x.shape, x.dtype)
+        return np.array(array, order="C", copy=True)  # type: ignore[return-value]  # numpy in, out
+    out = np.empty(array.shape, array.dtype) if senders else np.zeros(array.shape, array.dtype)
     requests = [call.comm.Irecv([out, BYTE], senders[0], PERMUTE_TAG)] if senders else []
     if dst is not None:
-        requests.append(call.comm.Isend([c_order(x), BYTE], dst, PERMUTE_TAG))
+        requests.append(call.comm.Isend([c_order(array), BYTE], dst, PERMUTE_TAG))
     wait_requests(requests, call)
-    return out
+    return out  # type: ignore[return-value]  # numpy in, numpy out

@@ -13,10 +13,13 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from fcoll import _runtime, _trace, _trace_report
 from fcoll._runtime import Timeout, to_seconds
+
+R = TypeVar("R")  # what a `Work` gives: the collective's result (``Work[A]``)
+R_co = TypeVar("R_co", covariant=True)
 
 
 class CollectiveTimeoutError(TimeoutError):
@@ -144,8 +147,6 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
 # budget, so the error arrives within half a second of the deadline whatever it is (ranks
 # polling in an fcoll call answer within a millisecond; one blocked in MPI never does).
 REPORT_SECONDS = 0.3
-
-
 SPIN_SECONDS = 2e-3  # busy-poll this long before sleeping between polls
 
 
@@ -166,8 +167,7 @@ def backoff(started: float, pause: float) -> float:
 
 
 def wait_request(request: Any, call: Call) -> None:
-    """Poll ``request`` until it completes; raise `CollectiveTimeoutError` once ``call``'s
-    deadline (``call.seconds``, not ``None``) has passed."""
+    """Poll ``request`` until it completes; `CollectiveTimeoutError` once ``call.seconds`` passed."""
     pause, started = 1e-5, time.monotonic()
     seconds = call.seconds if call.seconds is not None else float("inf")
     while not request.Test():
@@ -285,8 +285,8 @@ class RequestOperation(Operation):
         self.value = self._result()
 
 
-class Work:
-    """Handle of an operation started with ``async_op=True`` (or `isend`/`irecv`).
+class Work(Generic[R_co]):
+    """Handle of an ``async_op=True`` call (or `isend`/`irecv`); a ``Work[A]``'s `wait` gives an ``A``.
 
     Example:
         >>> w = fc.all_reduce(np.ones(2), async_op=True)   # every rank
@@ -295,8 +295,8 @@ class Work:
         array([2., 2.])
     """
 
-    def __init__(self, op: Operation, then: Callable[[Any], Any] | None = None,
-                 parent: Work | None = None) -> None:
+    def __init__(self, op: Operation, then: Callable[[Any], R_co] | None = None,
+                 parent: Work[Any] | None = None) -> None:
         self._op = op
         self._then = then
         self._parent = parent
@@ -304,7 +304,7 @@ class Work:
         self._has_value = False
         self._value: Any = None
 
-    def wait(self, timeout: Timeout = None) -> Any:
+    def wait(self, timeout: Timeout = None) -> R_co:
         """Block until the operation completes and return its result.
 
         ``timeout`` (seconds or `datetime.timedelta`; default: `fcoll.init`'s) raises
@@ -317,7 +317,7 @@ class Work:
         """
         self._waited = True
         if self._has_value:
-            return self._value
+            return self._value  # type: ignore[no-any-return]
         if (before := _runtime.settings().before_call) is not None:  # jitted collectives
             before()
         if timeout is None:
@@ -325,7 +325,7 @@ class Work:
             seconds = group_timeout if group_timeout is not None else _runtime.settings().timeout
         else:
             seconds = to_seconds(timeout, "wait")
-        value = self._parent.wait(seconds) if self._parent is not None else self._op.finish(seconds)
+        value: R_co = self._parent.wait(seconds) if self._parent is not None else self._op.finish(seconds)
         if self._then is not None:
             value = self._then(value)
         self._value, self._has_value = value, True
@@ -343,7 +343,7 @@ class Work:
         """
         return self._op.test()
 
-    def then(self, fn: Callable[[Any], Any]) -> Work:
+    def then(self, fn: Callable[[R_co], R]) -> Work[R]:
         """A `Work` whose result is ``fn(result)``; ``fn`` runs in the waiting thread.
 
         Example:
@@ -381,7 +381,7 @@ class Work:
         return f"Work({self._op.name}, {state})"
 
 
-def wait_all(works: Iterable[Work], timeout: Timeout = None) -> list[Any]:
+def wait_all(works: Iterable[Work[R]], timeout: Timeout = None) -> list[R]:
     """Wait for every `Work` (in order) and return their results.
 
     Example:
@@ -393,8 +393,7 @@ def wait_all(works: Iterable[Work], timeout: Timeout = None) -> list[Any]:
 
 
 def complete_pending(call: Call) -> None:
-    """Complete every operation ``call``'s group still has in flight, oldest first, within
-    the call's deadline (if any)."""
+    """Complete every operation ``call``'s group has in flight, oldest first, by its deadline if any."""
     pending = call.group.pending
     while pending:
         left = None if call.seconds is None else call.seconds - (time.monotonic() - call.start)

@@ -18,8 +18,8 @@ PACKAGE = Path(fc.__file__).resolve().parent
 # Bottom to top; a module belongs to the first layer with a prefix of its name. A module
 # may import its own layer and the layers below, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("runtime", ("fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime", "fcoll._trace",
-                 "fcoll._trace_report", "fcoll._board", "fcoll._stall_report", "fcoll._watch",
+    ("runtime", ("fcoll._types", "fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime",
+                 "fcoll._trace", "fcoll._trace_report", "fcoll._board", "fcoll._stall_report", "fcoll._watch",
                  "fcoll._abort", "fcoll._mpi_errors")),
     ("operations in flight", ("fcoll.work", "fcoll._fingerprint")),
     ("transport", ("fcoll.backends", "fcoll.gpu.nccl", "fcoll.gpu.aware", "fcoll.gpu.staged")),

@@ -139,7 +139,7 @@ def _segment(call: Call, plan: ReductionPlan, x: np.ndarray, kernel: native.Kern
 
 
 def start(call: Call, g: Group, plan: ReductionPlan, x: np.ndarray, exclusive: bool,
-          total: bool, done: Callable[[np.ndarray | None, np.ndarray | None], Any]) -> Work:
+          total: bool, done: Callable[[np.ndarray | None, np.ndarray | None], Any]) -> Work[Any]:
     """``async_op=True``: a `Work` whose result is ``done(prefix, total)`` (see `run`); ``x``
     is snapshotted at the call."""
     fn, me = ("exscan" if exclusive else "scan"), g.rank

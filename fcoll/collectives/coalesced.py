@@ -15,6 +15,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import device_list
 from fcoll._plan import reduction_plan
+from fcoll._types import A
 from fcoll._validate import check_array, check_divisible
 from fcoll.collectives import _fold, movement
 from fcoll.dtypes import as_bytes
@@ -52,9 +53,7 @@ def _split(flat: np.ndarray, sizes: list[int], shapes: list[tuple[int, ...]]) ->
     return [flat[a:b].reshape(s) for a, b, s in zip(offsets, offsets[1:], shapes, strict=False)]
 
 
-def all_reduce_coalesced(
-    xs: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None
-) -> list[np.ndarray]:
+def all_reduce_coalesced(xs: Sequence[A], op: Op = "sum", group: GroupArg = None) -> list[A]:
     """`all_reduce` of every array in ``xs``, fused into one message per dtype.
 
     Example:
@@ -76,10 +75,10 @@ def all_reduce_coalesced(
         y = _fold.allreduce(call, plan, flat)
         return _split(y, [x.size for x in same], [x.shape for x in same])
 
-    return _per_dtype(arrays, run)
+    return _per_dtype(arrays, run)  # type: ignore[return-value]  # numpy in, numpy out
 
 
-def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg = None) -> list[np.ndarray]:
+def all_gather_into_tensor_coalesced(xs: Sequence[A], group: GroupArg = None) -> list[A]:
     """`all_gather_into_tensor` (along axis 0) of every array in ``xs``, in one message.
 
     Example:
@@ -100,14 +99,13 @@ def all_gather_into_tensor_coalesced(xs: Sequence[np.ndarray], group: GroupArg =
     gathered = movement.allgather(call, send, np.empty((g.size, send.size), np.uint8))
     offsets = np.cumsum([0, *(x.nbytes for x in arrays)]).tolist()
     return [
-        np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(g.size * x.shape[0], *x.shape[1:])
+        np.ascontiguousarray(gathered[:, a:b]).view(x.dtype).reshape(  # type: ignore[misc]  # numpy in, out
+            g.size * x.shape[0], *x.shape[1:])
         for x, a, b in zip(arrays, offsets, offsets[1:], strict=False)
     ]
 
 
-def reduce_scatter_tensor_coalesced(
-    xs: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None
-) -> list[np.ndarray]:
+def reduce_scatter_tensor_coalesced(xs: Sequence[A], op: Op = "sum", group: GroupArg = None) -> list[A]:
     """`reduce_scatter_tensor` (along axis 0) of every array in ``xs``, one message per dtype.
 
     Example:
@@ -134,4 +132,4 @@ def reduce_scatter_tensor_coalesced(
         shapes = [(x.shape[0] // n, *x.shape[1:]) for x in same]
         return _split(y, [x.size // n for x in same], shapes)
 
-    return _per_dtype(arrays, run)
+    return _per_dtype(arrays, run)  # type: ignore[return-value]  # numpy in, numpy out

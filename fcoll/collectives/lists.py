@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Sequence
+from typing import Any, overload
 
 import numpy as np
 
 from fcoll import _debug
 from fcoll._dispatch import INTEROP, device, device_list, gpu_backend
+from fcoll._types import A
 from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
 from fcoll.backends import interop
 from fcoll.backends import mpi as backend
@@ -27,7 +29,7 @@ def _meta(x: np.ndarray) -> tuple[tuple[int, ...], str]:
     return x.shape, str(x.dtype)
 
 
-def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
+def all_gather(x: A, group: GroupArg = None) -> list[A]:
     """A list of every rank's ``x`` (entry ``i`` from group rank ``i``); shapes may differ.
 
     Example:
@@ -40,16 +42,16 @@ def all_gather(x: np.ndarray, group: GroupArg = None) -> list[np.ndarray]:
         return route.run(on, fn, all_gather, x, group=group)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x):
-        check_array(x, fn)
-    meta = backend.allgather_obj(call, _meta(x))
+        array = check_array(x, fn)
+    meta = backend.allgather_obj(call, _meta(array))
     dtype = one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
-    buf = backend.allgatherv(call, c_order(x), np.empty(sum(counts), np.uint8), counts)
-    return split_bytes(buf, dtype, shapes)
+    buf = backend.allgatherv(call, c_order(array), np.empty(sum(counts), np.uint8), counts)
+    return split_bytes(buf, dtype, shapes)  # type: ignore[return-value]  # numpy in, numpy out
 
 
-def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarray] | None:
+def gather(x: A, dst: int = 0, group: GroupArg = None) -> list[A] | None:
     """The list of every rank's ``x`` on group rank ``dst``; ``None`` elsewhere.
 
     Example:
@@ -63,17 +65,25 @@ def gather(x: np.ndarray, dst: int = 0, group: GroupArg = None) -> list[np.ndarr
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, dst=dst):
         root = check_rank(dst, g.size, fn, "dst")
-        check_array(x, fn)
-    meta = backend.allgather_obj(call, _meta(x))
+        array = check_array(x, fn)
+    meta = backend.allgather_obj(call, _meta(array))
     dtype = one_dtype([d for _, d in meta], fn)
     shapes = [s for s, _ in meta]
     counts = [nbytes_of(s, dtype) for s in shapes]
     out = np.empty(sum(counts), np.uint8) if g.rank == root else None
-    buf = backend.gatherv(call, c_order(x), out, counts, root)
-    return None if buf is None else split_bytes(buf, dtype, shapes)
+    buf = backend.gatherv(call, c_order(array), out, counts, root)
+    return None if buf is None else split_bytes(buf, dtype, shapes)  # type: ignore[return-value]
 
 
-def scatter(chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg = None) -> np.ndarray:
+@overload
+def scatter(chunks: Sequence[A], src: int = ..., group: GroupArg = ...) -> A: ...
+@overload
+def scatter(chunks: None, src: int = ..., group: GroupArg = ...) -> Any: ...
+
+
+def scatter(  # type: ignore[misc]  # the numpy path (fcoll._types)
+    chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg = None
+) -> np.ndarray:
     """Rank ``r`` gets ``chunks[r]`` of group rank ``src``; other ranks pass ``None``.
 
     A root's torch tensors (JAX arrays) arrive as tensors (arrays) on ranks that have
@@ -127,7 +137,7 @@ def _sent_as(name: str) -> tuple[str, str]:
     return (head, rest) if colon and head in interop.KINDS else ("", name)
 
 
-def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.ndarray]:
+def all_to_all(chunks: Sequence[A], group: GroupArg = None) -> list[A]:
     """``chunks[i]`` goes to rank ``i``; entry ``i`` of the result is rank ``i``'s
     ``chunks[r]``. Shapes may differ.
 
@@ -149,4 +159,4 @@ def all_to_all(chunks: Sequence[np.ndarray], group: GroupArg = None) -> list[np.
     counts = [nbytes_of(s, dtype) for s in shapes]
     buf = backend.alltoallv(call, send, [a.nbytes for a in arrays],
                             np.empty(sum(counts), np.uint8), counts)
-    return split_bytes(buf, dtype, shapes)
+    return split_bytes(buf, dtype, shapes)  # type: ignore[return-value]  # numpy in, numpy out

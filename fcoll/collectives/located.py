@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fcoll._dispatch import INTEROP, device, is_cupy
+from fcoll._types import A
 from fcoll._validate import check_array
 from fcoll.collectives.reductions import all_reduce
 from fcoll.dtypes import check_dtype, check_op
@@ -65,7 +66,7 @@ def _signed_zeros(best: Any, negative: Any) -> Any:
     return best
 
 
-def maxloc(x: np.ndarray, group: GroupArg = None) -> tuple[np.ndarray, np.ndarray]:
+def maxloc(x: A, group: GroupArg = None) -> tuple[A, A]:
     """``(values, ranks)``: the elementwise maximum of every rank's ``x`` and the group rank
     holding it (ties: the lowest rank), as MPI's ``MAXLOC``.
 
@@ -80,7 +81,7 @@ def maxloc(x: np.ndarray, group: GroupArg = None) -> tuple[np.ndarray, np.ndarra
     return _located("maxloc", ReduceOp.MAX, x, group)
 
 
-def minloc(x: np.ndarray, group: GroupArg = None) -> tuple[np.ndarray, np.ndarray]:
+def minloc(x: A, group: GroupArg = None) -> tuple[A, A]:
     """``(values, ranks)``: the elementwise minimum of every rank's ``x`` and the group rank
     holding it (ties: the lowest rank), as MPI's ``MINLOC``. See `maxloc`.
 

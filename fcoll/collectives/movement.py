@@ -14,6 +14,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import device, on_node, shm_range
 from fcoll._fingerprint import of as fingerprint
+from fcoll._types import A
 from fcoll._validate import (
     check_array,
     check_dim,
@@ -35,16 +36,14 @@ from fcoll.work import Call, Work, complete_pending
 
 
 @overload
-def broadcast(
-    x: np.ndarray, src: int = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
-) -> np.ndarray: ...
+def broadcast(x: A, src: int = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...) -> A: ...
 @overload
-def broadcast(x: np.ndarray, src: int = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work: ...
+def broadcast(x: A, src: int = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work[A]: ...
 
 
-def broadcast(
+def broadcast(  # type: ignore[misc]  # the numpy path (fcoll._types)
     x: np.ndarray, src: int = 0, group: GroupArg = None, *, async_op: bool = False
-) -> np.ndarray | Work:
+) -> np.ndarray | Work[np.ndarray]:
     """Every rank gets group rank ``src``'s ``x`` (a new array on every rank, ``src`` too).
 
     Every rank passes an array of the same shape and dtype; only ``src``'s values are read.
@@ -67,7 +66,8 @@ def broadcast(
         if fast is not None and (y := fast(x)) is not None:
             return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "broadcast", broadcast, x, src, group=group, async_op=async_op)
+        return route.run(  # type: ignore[no-any-return]
+            on, "broadcast", broadcast, x, src, group=group, async_op=async_op)
     g, call = member(group, "broadcast")
     with _debug.checked(g, call, "broadcast", x=x, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
@@ -111,7 +111,7 @@ def _gathered_shape(x: np.ndarray, dim: int, total: int) -> tuple[int, ...]:
 
 def _all_gather_v(
     call: Call, g: Group, x: np.ndarray, dim: int, sizes: list[int] | None, async_op: bool
-) -> np.ndarray | Work:
+) -> np.ndarray | Work[np.ndarray]:
     fn = "all_gather_into_tensor"
     meta = backend.allgather_obj(call, (x.shape, str(x.dtype), sizes))
     problem = sizes_problem(meta, dim)
@@ -130,32 +130,32 @@ def _all_gather_v(
 
 @overload
 def all_gather_into_tensor(
-    x: np.ndarray,
+    x: A,
     group: GroupArg = ...,
     *,
     gather_dim: int = ...,
     sizes: Sequence[int] | Literal["auto"] | None = ...,
     async_op: Literal[False] = ...,
-) -> np.ndarray: ...
+) -> A: ...
 @overload
 def all_gather_into_tensor(
-    x: np.ndarray,
+    x: A,
     group: GroupArg = ...,
     *,
     gather_dim: int = ...,
     sizes: Sequence[int] | Literal["auto"] | None = ...,
     async_op: Literal[True],
-) -> Work: ...
+) -> Work[A]: ...
 
 
-def all_gather_into_tensor(
+def all_gather_into_tensor(  # type: ignore[misc]  # the numpy path (fcoll._types)
     x: np.ndarray,
     group: GroupArg = None,
     *,
     gather_dim: int = 0,
     sizes: Sequence[int] | Literal["auto"] | None = None,
     async_op: bool = False,
-) -> np.ndarray | Work:
+) -> np.ndarray | Work[np.ndarray]:
     """Every rank's ``x`` concatenated along ``gather_dim``, in group-rank order.
 
     Without ``sizes`` every rank passes the same shape and the result has
@@ -184,8 +184,8 @@ def all_gather_into_tensor(
             return y
     fn = "all_gather_into_tensor"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, all_gather_into_tensor, x, group=group, gather_dim=gather_dim, sizes=sizes,
-                       async_op=async_op)
+        return route.run(on, fn, all_gather_into_tensor, x, group=group,  # type: ignore[no-any-return]
+                         gather_dim=gather_dim, sizes=sizes, async_op=async_op)
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, x=x, gather_dim=gather_dim, sizes=sizes):
         check_array(x, fn)
@@ -244,32 +244,32 @@ def _splits(x: np.ndarray, output_split_sizes: object, input_split_sizes: object
 
 @overload
 def all_to_all_single(
-    x: np.ndarray,
+    x: A,
     output_split_sizes: Sequence[int] | None = ...,
     input_split_sizes: Sequence[int] | None = ...,
     group: GroupArg = ...,
     *,
     async_op: Literal[False] = ...,
-) -> np.ndarray: ...
+) -> A: ...
 @overload
 def all_to_all_single(
-    x: np.ndarray,
+    x: A,
     output_split_sizes: Sequence[int] | None = ...,
     input_split_sizes: Sequence[int] | None = ...,
     group: GroupArg = ...,
     *,
     async_op: Literal[True],
-) -> Work: ...
+) -> Work[A]: ...
 
 
-def all_to_all_single(
+def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll._types)
     x: np.ndarray,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: GroupArg = None,
     *,
     async_op: bool = False,
-) -> np.ndarray | Work:
+) -> np.ndarray | Work[np.ndarray]:
     """Exchange rows (axis 0): block ``i`` of ``x`` goes to rank ``i``; the result is the
     blocks received, in rank order.
 
@@ -297,8 +297,8 @@ def all_to_all_single(
             return y
     fn = "all_to_all_single"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, all_to_all_single, x, output_split_sizes, input_split_sizes, group=group,
-                       async_op=async_op)
+        return route.run(on, fn, all_to_all_single, x, output_split_sizes,  # type: ignore[no-any-return]
+                         input_split_sizes, group=group, async_op=async_op)
     g, call = member(group, fn)
     n = g.size
     with _debug.checked(g, call, fn, x=x, output_split_sizes=output_split_sizes,

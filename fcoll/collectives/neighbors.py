@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from fcoll import _debug, _runtime
 from fcoll._dispatch import device
 from fcoll._halo_axes import axes, check_faces
 from fcoll._header import INLINE, SEPARATE, header, inline, parse
+from fcoll._types import A, ArrayProtocol
 from fcoll._validate import check_array, check_rank
 from fcoll.collectives import _halo
 from fcoll.collectives._common import c_order
@@ -42,8 +43,22 @@ def _peer(peer: object, size: int, fn: str, name: str) -> int:
     return MPI.PROC_NULL if peer is None else check_rank(peer, size, fn, name)
 
 
-def sendrecv(x: np.ndarray | None, dst: int | None, src: int | None, group: GroupArg = None, *,
-             tag: int = 0) -> Any:
+@overload
+def sendrecv(x: A, dst: int | None, src: int, group: GroupArg = ..., *, tag: int = ...) -> A: ...
+@overload
+def sendrecv(x: ArrayProtocol | None, dst: int | None, src: None, group: GroupArg = ..., *,
+             tag: int = ...) -> None: ...
+@overload
+def sendrecv(x: A, dst: int | None, src: int | None, group: GroupArg = ..., *,
+             tag: int = ...) -> A | None: ...
+@overload
+def sendrecv(x: None, dst: int | None, src: int | None, group: GroupArg = ..., *,
+             tag: int = ...) -> Any: ...
+
+
+def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll._types)
+    x: np.ndarray | None, dst: int | None, src: int | None, group: GroupArg = None, *, tag: int = 0
+) -> Any:
     """Send ``x`` to group rank ``dst`` and return the array received from group rank ``src``
     (its shape and dtype travel with it), as ``MPI_Sendrecv``; ``x`` is not modified.
 
@@ -99,9 +114,8 @@ def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) 
     return out
 
 
-def halo_exchange(x: np.ndarray, mesh: Mesh, width: int | Sequence[int], *,
-                  dims: Sequence[int] | None = None, periodic: bool | Sequence[bool] = False
-                  ) -> np.ndarray:
+def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
+                  dims: Sequence[int] | None = None, periodic: bool | Sequence[bool] = False) -> A:
     """Fill the ghost cells of this rank's block ``x`` of a grid split over ``mesh`` with the
     neighbours' edge cells; returns a new array, ``x`` is not modified.
 
@@ -122,7 +136,8 @@ def halo_exchange(x: np.ndarray, mesh: Mesh, width: int | Sequence[int], *,
     """
     fn = "halo_exchange"
     if type(x) is not np.ndarray and (on := device(x)) is not None:
-        return route.run(on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
+        return route.run(  # type: ignore[no-any-return]  # the caller's array type
+            on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
     key = _key(x, mesh, width, dims, periodic) if type(x) is np.ndarray else None
     steps = None if key is None or _runtime._state.checking else _STEPS.get(key)
     if steps is None:
@@ -134,7 +149,7 @@ def halo_exchange(x: np.ndarray, mesh: Mesh, width: int | Sequence[int], *,
     y = np.array(x, order="C", copy=True)
     for group, d, w, src, dst in steps:
         _halo.exchange(member(group, fn)[1], y, d, w, src, dst)
-    return y
+    return y  # type: ignore[return-value]  # numpy in, numpy out
 
 
 Step = tuple[Group, int, int, "int | None", "int | None"]  # axis group, dim, width, src, dst
@@ -143,7 +158,7 @@ _STEPS: dict[tuple[Any, ...], list[Step]] = {}  # a call's steps, by its argumen
 _runtime.on_change(_STEPS.clear)
 
 
-def _key(x: np.ndarray, mesh: Mesh, width: object, dims: object, periodic: object
+def _key(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: object
          ) -> tuple[Any, ...] | None:
     """What a call's steps depend on, or None where an argument is not a plain value."""
     parts = [width, dims, periodic]
@@ -158,7 +173,7 @@ def _key(x: np.ndarray, mesh: Mesh, width: object, dims: object, periodic: objec
     return key if isinstance(mesh, Mesh) else None
 
 
-def _steps(x: np.ndarray, mesh: Mesh, width: object, dims: object, periodic: object) -> list[Step]:
+def _steps(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: object) -> list[Step]:
     """The checked call's exchanges, one per mesh axis that has a neighbour and a width."""
     fn = "halo_exchange"
     g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)

@@ -39,13 +39,13 @@ def private(buf: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def launch(name: str, group: Group, request: Any, result: Callable[[], Any],
-           *keep: Any) -> Work:
+           *keep: Any) -> Work[Any]:
     """Wrap a started MPI request in a `Work` registered with ``group``."""
     return Work(RequestOperation(name, group, request, result, keep))
 
 
 def all_reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, *,
-               owned: bool = False) -> Work:
+               owned: bool = False) -> Work[np.ndarray]:
     """``owned``: ``x`` is fcoll's own (e.g. a dp bucket), so it needs no snapshot copy."""
     wire = plan.wire(x) if owned else private(plan.wire(x), x)
     if plan.ufunc is None:
@@ -114,7 +114,8 @@ class _FoldedAllReduce(Operation):
         self.value = self._plan.finish(self._out.reshape(self._shape))
 
 
-def reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, root: int) -> Work:
+def reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray,
+           root: int) -> Work[np.ndarray | None]:
     wire = private(plan.wire(x), x)
     here = group.rank == root
     if plan.ufunc is None:
@@ -130,7 +131,7 @@ def reduce(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray, root: i
 
 
 def reduce_scatter(call: Call, group: Group, plan: ReductionPlan, x: np.ndarray,
-                   blocks: np.ndarray, shape: tuple[int, ...]) -> Work:
+                   blocks: np.ndarray, shape: tuple[int, ...]) -> Work[np.ndarray]:
     """``blocks``: ``x`` laid out with the scatter blocks first; ``shape``: the result's."""
     wire = private(plan.wire(blocks), x)
     n = group.size

@@ -14,6 +14,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import device, device_list, shm_limit
 from fcoll._plan import reduction_plan
+from fcoll._types import A
 from fcoll._validate import check_arrays, check_dim, check_divisible, check_rank
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast, _fold, nonblocking
@@ -25,16 +26,14 @@ from fcoll.work import Work
 
 
 @overload
-def all_reduce(
-    x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
-) -> np.ndarray: ...
+def all_reduce(x: A, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...) -> A: ...
 @overload
-def all_reduce(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work: ...
+def all_reduce(x: A, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work[A]: ...
 
 
-def all_reduce(
+def all_reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
     x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, async_op: bool = False
-) -> np.ndarray | Work:
+) -> np.ndarray | Work[np.ndarray]:
     """Reduce ``x`` elementwise over every rank of ``group``; every rank gets the result.
 
     Returns a new array of ``x``'s shape and dtype; ``x`` is not modified.
@@ -64,7 +63,8 @@ def all_reduce(
         if fast is not None and (y := fast(x)) is not None:
             return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "all_reduce", all_reduce, x, op, group=group, async_op=async_op)
+        return route.run(  # type: ignore[no-any-return]
+            on, "all_reduce", all_reduce, x, op, group=group, async_op=async_op)
     g, call = member(group, "all_reduce")
     with _debug.checked(g, call, "all_reduce", x=x, op=op):
         plan = reduction_plan(x, op, g, "all_reduce")
@@ -81,22 +81,22 @@ def all_reduce(
 
 @overload
 def reduce(
-    x: np.ndarray, dst: int = ..., op: Op = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
-) -> np.ndarray | None: ...
+    x: A, dst: int = ..., op: Op = ..., group: GroupArg = ..., *, async_op: Literal[False] = ...
+) -> A | None: ...
 @overload
 def reduce(
-    x: np.ndarray, dst: int = ..., op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]
-) -> Work: ...
+    x: A, dst: int = ..., op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]
+) -> Work[A | None]: ...
 
 
-def reduce(
+def reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
     x: np.ndarray,
     dst: int = 0,
     op: Op = "sum",
     group: GroupArg = None,
     *,
     async_op: bool = False,
-) -> np.ndarray | Work | None:
+) -> np.ndarray | Work[np.ndarray | None] | None:
     """Reduce ``x`` over ``group`` onto group rank ``dst``; other ranks get ``None``.
 
     Example:
@@ -105,7 +105,8 @@ def reduce(
         array([6])
     """
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "reduce", reduce, x, dst, op, group=group, async_op=async_op)
+        return route.run(
+            on, "reduce", reduce, x, dst, op, group=group, async_op=async_op)
     g, call = member(group, "reduce")
     with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
         root = check_rank(dst, g.size, "reduce", "dst")
@@ -124,27 +125,22 @@ def _blocks_first(x: np.ndarray, dim: int, n: int) -> np.ndarray:
 
 @overload
 def reduce_scatter_tensor(
-    x: np.ndarray,
-    op: Op = ...,
-    group: GroupArg = ...,
-    *,
-    scatter_dim: int = ...,
-    async_op: Literal[False] = ...,
-) -> np.ndarray: ...
+    x: A, op: Op = ..., group: GroupArg = ..., *, scatter_dim: int = ..., async_op: Literal[False] = ...
+) -> A: ...
 @overload
 def reduce_scatter_tensor(
-    x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, scatter_dim: int = ..., async_op: Literal[True]
-) -> Work: ...
+    x: A, op: Op = ..., group: GroupArg = ..., *, scatter_dim: int = ..., async_op: Literal[True]
+) -> Work[A]: ...
 
 
-def reduce_scatter_tensor(
+def reduce_scatter_tensor(  # type: ignore[misc]  # the numpy path (fcoll._types)
     x: np.ndarray,
     op: Op = "sum",
     group: GroupArg = None,
     *,
     scatter_dim: int = 0,
     async_op: bool = False,
-) -> np.ndarray | Work:
+) -> np.ndarray | Work[np.ndarray]:
     """Reduce ``x`` over ``group``, then keep block ``rank`` of ``n`` along ``scatter_dim``.
 
     ``x.shape[scatter_dim]`` must be divisible by the group's size.
@@ -169,8 +165,8 @@ def reduce_scatter_tensor(
         if fast is not None and (y := fast(x)) is not None:
             return y
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, "reduce_scatter_tensor", reduce_scatter_tensor, x, op, group=group,
-                         scatter_dim=scatter_dim, async_op=async_op)
+        return route.run(on, "reduce_scatter_tensor", reduce_scatter_tensor, x, op,  # type: ignore[no-any-return]
+                         group=group, scatter_dim=scatter_dim, async_op=async_op)
     fn = "reduce_scatter_tensor"
     g, call = member(group, fn)
     n = g.size
@@ -192,7 +188,7 @@ def reduce_scatter_tensor(
     return _fold.reduce_scatter(call, plan, blocks, [x.size // n] * n).reshape(out_shape)
 
 
-def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg = None) -> np.ndarray:
+def reduce_scatter(chunks: Sequence[A], op: Op = "sum", group: GroupArg = None) -> A:
     """Rank ``r`` gets the reduction over ranks of everyone's ``chunks[r]``.
 
     ``chunks`` holds one array per group rank; their shapes may differ from index to
@@ -204,12 +200,13 @@ def reduce_scatter(chunks: Sequence[np.ndarray], op: Op = "sum", group: GroupArg
         array([2., 2.])
     """
     if (on := device_list(chunks, group, "reduce_scatter", "chunks")) is not None:
-        return route.run(on, "reduce_scatter", reduce_scatter, chunks, op, group=group)
+        return route.run(  # type: ignore[no-any-return]  # the caller's array type
+            on, "reduce_scatter", reduce_scatter, chunks, op, group=group)
     fn = "reduce_scatter"
     g, call = member(group, fn)
     with _debug.checked(g, call, fn, chunks=chunks, op=op):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
         plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([a.reshape(-1) for a in arrays])
-    return _fold.reduce_scatter(call, plan, flat, [a.size for a in arrays]).reshape(
+    return _fold.reduce_scatter(call, plan, flat, [a.size for a in arrays]).reshape(  # type: ignore[return-value]
         arrays[g.rank].shape)

@@ -17,6 +17,7 @@ import numpy as np
 from fcoll import _debug
 from fcoll._dispatch import device
 from fcoll._plan import ReductionPlan, reduction_plan
+from fcoll._types import A
 from fcoll.collectives import _fast, _prefix, _scan_fast
 from fcoll.dtypes import identity
 from fcoll.gpu import route
@@ -80,18 +81,26 @@ def _prefix_call(fn: str, x: np.ndarray, op: Op, group: GroupArg, with_total: bo
 
 
 @overload
-def scan(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[False] = ...,
-         async_op: Literal[False] = ...) -> np.ndarray: ...
+def scan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[False] = ...,
+         async_op: Literal[False] = ...) -> A: ...
 @overload
-def scan(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
-         async_op: Literal[False] = ...) -> tuple[np.ndarray, np.ndarray]: ...
+def scan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
+         async_op: Literal[False] = ...) -> tuple[A, A]: ...
 @overload
-def scan(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, with_total: bool = ...,
-         async_op: Literal[True]) -> Work: ...
+def scan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[False] = ...,
+         async_op: Literal[True]) -> Work[A]: ...
+@overload
+def scan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
+         async_op: Literal[True]) -> Work[tuple[A, A]]: ...
+@overload
+def scan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: bool = ...,
+         async_op: Literal[True]) -> Work[A | tuple[A, A]]: ...
 
 
-def scan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: bool = False,
-         async_op: bool = False) -> Any:
+def scan(  # type: ignore[misc]  # the numpy path (fcoll._types)
+    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: bool = False,
+    async_op: bool = False,
+) -> Any:
     """Inclusive prefix (MPI's ``Scan``): rank r gets the reduction of ranks 0..r's ``x``.
 
     Returns a new array of ``x``'s shape and dtype; ``x`` is not modified. Folded in group
@@ -115,24 +124,38 @@ def scan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: b
 
 
 @overload
-def exscan(x: np.ndarray, op: Named = ..., group: GroupArg = ..., *,
-           with_total: Literal[False] = ..., async_op: Literal[False] = ...) -> np.ndarray: ...
+def exscan(x: A, op: Named = ..., group: GroupArg = ..., *,
+           with_total: Literal[False] = ..., async_op: Literal[False] = ...) -> A: ...
 @overload
-def exscan(x: np.ndarray, op: Named = ..., group: GroupArg = ..., *, with_total: Literal[True],
-           async_op: Literal[False] = ...) -> tuple[np.ndarray, np.ndarray]: ...
+def exscan(x: A, op: Named = ..., group: GroupArg = ..., *, with_total: Literal[True],
+           async_op: Literal[False] = ...) -> tuple[A, A]: ...
 @overload
-def exscan(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *,
-           with_total: Literal[False] = ..., async_op: Literal[False] = ...) -> np.ndarray | None: ...
+def exscan(x: A, op: Op = ..., group: GroupArg = ..., *,
+           with_total: Literal[False] = ..., async_op: Literal[False] = ...) -> A | None: ...
 @overload
-def exscan(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
-           async_op: Literal[False] = ...) -> tuple[np.ndarray | None, np.ndarray]: ...
+def exscan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
+           async_op: Literal[False] = ...) -> tuple[A | None, A]: ...
 @overload
-def exscan(x: np.ndarray, op: Op = ..., group: GroupArg = ..., *, with_total: bool = ...,
-           async_op: Literal[True]) -> Work: ...
+def exscan(x: A, op: Named = ..., group: GroupArg = ..., *,
+           with_total: Literal[False] = ..., async_op: Literal[True]) -> Work[A]: ...
+@overload
+def exscan(x: A, op: Op = ..., group: GroupArg = ..., *,
+           with_total: Literal[False] = ..., async_op: Literal[True]) -> Work[A | None]: ...
+@overload
+def exscan(x: A, op: Named = ..., group: GroupArg = ..., *, with_total: Literal[True],
+           async_op: Literal[True]) -> Work[tuple[A, A]]: ...
+@overload
+def exscan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: Literal[True],
+           async_op: Literal[True]) -> Work[tuple[A | None, A]]: ...
+@overload
+def exscan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: bool = ...,
+           async_op: Literal[True]) -> Work[A | tuple[A | None, A] | None]: ...
 
 
-def exscan(x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: bool = False,
-           async_op: bool = False) -> Any:
+def exscan(  # type: ignore[misc]  # the numpy path (fcoll._types)
+    x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: bool = False,
+    async_op: bool = False,
+) -> Any:
     """Exclusive prefix (MPI's ``Exscan``): rank r gets the reduction of ranks 0..r-1's ``x``.
 
     Rank 0 gets the op's identity (0 for sum, 1 for product, -inf/+inf for float max/min,

@@ -6,20 +6,21 @@ stay on their device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import optree
 
 from fcoll._dispatch import is_cupy
 from fcoll._tree import array_module, foreign_leaves, pack, path_name, unpack
+from fcoll._types import T
 from fcoll.collectives import all_reduce_coalesced, broadcast
 from fcoll.group import GroupArg
 from fcoll.objects import all_gather_object
 
 
 @foreign_leaves
-def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> Any:
+def broadcast_parameters(params: T, src: int = 0, group: GroupArg = None) -> T:
     """A new pytree equal to group rank ``src``'s ``params`` on every rank.
 
     All leaves travel in one message (every rank's tree must have the same structure,
@@ -30,13 +31,13 @@ def broadcast_parameters(params: Any, src: int = 0, group: GroupArg = None) -> A
         >>> fc.dp.broadcast_parameters(p)           # on every rank
         {'w': array([0., 0.])}
     """
-    leaves, spec = optree.tree_flatten(params)
+    leaves, spec = optree.tree_flatten(cast(Any, params))
     if not leaves:
         return params
     xp = array_module(leaves, "broadcast_parameters", params)
     if xp is np:
         leaves = [np.asarray(leaf) for leaf in leaves]
-    return optree.tree_unflatten(spec, unpack(broadcast(pack(leaves, xp), src, group), leaves))
+    return cast(T, optree.tree_unflatten(spec, unpack(broadcast(pack(leaves, xp), src, group), leaves)))
 
 
 @foreign_leaves
@@ -70,16 +71,16 @@ def _leaf(entry: tuple[tuple[int, ...], str] | None) -> str:
 
 
 @foreign_leaves
-def average_parameters(params: Any, group: GroupArg = None) -> Any:
+def average_parameters(params: T, group: GroupArg = None) -> T:
     """A new pytree of the mean over ranks of every leaf (one fused message per dtype).
 
     Example:
         >>> fc.dp.average_parameters({"w": np.full(2, float(r))})    # 2 ranks
         {'w': array([0.5, 0.5])}
     """
-    leaves, spec = optree.tree_flatten(params)
+    leaves, spec = optree.tree_flatten(cast(Any, params))
     array_module(leaves, "average_parameters", params)  # names a leaf if numpy and cupy mix
-    return optree.tree_unflatten(spec, all_reduce_coalesced(leaves, "avg", group))
+    return cast(T, optree.tree_unflatten(spec, all_reduce_coalesced(leaves, "avg", group)))
 
 
 class PeriodicModelAverager:
@@ -102,7 +103,7 @@ class PeriodicModelAverager:
         self.period, self.warmup_steps, self.group = period, warmup_steps, group
         self.step = 0
 
-    def average_parameters(self, params: Any) -> Any:
+    def average_parameters(self, params: T) -> T:
         """Average now if the schedule says so; count the call either way.
 
         Example:

@@ -53,7 +53,7 @@ class EventOperation(Operation):
             pause = backoff(started, pause)
 
 
-def event_work(name: str, group: Any, value: Any) -> Work:
+def event_work(name: str, group: Any, value: Any) -> Work[Any]:
     """A `Work` for GPU work just enqueued on the current stream, with result ``value``.
 
     Example:

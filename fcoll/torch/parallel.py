@@ -15,7 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -23,6 +24,13 @@ from fcoll import collectives
 from fcoll.group import Group, GroupArg, resolve_group
 
 C: Any = collectives  # typed for numpy; takes and returns tensors (fcoll.backends.interop)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _eager(fn: _F) -> _F:
+    """``fn`` run eagerly under ``torch.compile`` (``torch.compiler.disable``: a graph break,
+    not a trace into fcoll), its signature kept for type checkers."""
+    return cast(_F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
 
 
 def _group(group: GroupArg, fn: str) -> Group:
@@ -59,7 +67,7 @@ class _Reduce(torch.autograd.Function):
         return grad, None
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]  # eager under torch.compile
+@_eager
 def copy_to_group(x: torch.Tensor, group: GroupArg = None) -> torch.Tensor:
     """``x`` (a new tensor) in the forward pass; in the backward pass the gradient summed
     over ``group`` (an all-reduce). Use it where a tensor every rank holds the same copy of
@@ -75,7 +83,7 @@ def copy_to_group(x: torch.Tensor, group: GroupArg = None) -> torch.Tensor:
     return _Copy.apply(_tensor(x, "copy_to_group"), g)  # type: ignore[no-untyped-call,no-any-return]
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]  # eager under torch.compile
+@_eager
 def reduce_from_group(x: torch.Tensor, group: GroupArg = None) -> torch.Tensor:
     """The sum of ``x`` over ``group`` (an all-reduce) in the forward pass; in the backward
     pass the gradient unchanged (every rank holds the same, replicated one). Use it where
