@@ -40,7 +40,7 @@ class FcollWork(_Work):  # type: ignore[misc]
         (True, True)
     """
 
-    def __init__(self, value: list[torch.Tensor], pending: Work | None = None,
+    def __init__(self, value: list[torch.Tensor], pending: Work[Any] | None = None,
                  finish: Callable[[Any], None] | None = None) -> None:
         super().__init__()
         self._value = value
