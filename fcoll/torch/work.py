@@ -79,10 +79,13 @@ class FcollWork(_Work):  # type: ignore[misc]
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         """The future of the output tensors, completed (a point-to-point operation is
-        waited for first)."""
+        waited for first). A future of CUDA tensors names their devices (torch refuses
+        CUDA tensors in a CPU future) and so orders its callbacks after the current stream."""
         self.wait()
         if self._future is None:
-            self._future = torch.futures.Future()
+            cuda = {t.device for t in self._value if t.is_cuda}
+            devices: list[int | str | torch.device] = sorted(cuda, key=str)
+            self._future = torch.futures.Future(devices=devices or None)
             self._future.set_result(self._value)
         return self._future
 
