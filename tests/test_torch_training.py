@@ -104,10 +104,10 @@ def fsdp_train(pg: Any) -> list[torch.Tensor]:
 
 
 def test_fsdp2_equals_gloo() -> None:
+    """FSDP2's all-gathers and reduce-scatters: bit-equal at 1 and 2 ranks, within float
+    rounding at 3 and 4 (the reduce-scatter's sum in another order)."""
     start()
-    got, expected = fsdp_train(dist.group.WORLD), fsdp_train(gloo())
-    for p, q in zip(got, expected, strict=True):  # gloo averages by another route
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    same(fsdp_train(dist.group.WORLD), fsdp_train(gloo()))
 
 
 def test_functional_collectives() -> None:
