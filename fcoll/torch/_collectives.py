@@ -3,9 +3,11 @@
 Each method is the ``ProcessGroup`` method of the same name, as torch's Python functions
 (``dist.all_reduce`` ...) and its C++ callers (DDP, functional collectives) call it: it
 checks the output tensors against the inputs before anything is sent, runs fcoll's
-collective on the group, writes the outputs and returns a finished `FcollWork`. Contiguous
-CPU outputs are written in place by the transport (`fcoll.collectives._into`); the others
-(CUDA tensors, strided outputs, list outputs) get fcoll's result copied in.
+collective on the group, writes the outputs and returns a finished `FcollWork`. The output
+of all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and an evenly split
+all_to_all_single, where it is a contiguous CPU tensor, is written by the transport through
+its numpy view (`fcoll.collectives._into`); the other outputs (reduce, gather, scatter, the
+list forms, strided or CUDA tensors) get fcoll's result copied in.
 
 Example:
     >>> pg.allreduce([t], opts)          # dist.all_reduce(t) on an "fcoll" group
