@@ -111,8 +111,8 @@ EOF
 tests=(tests/test_gpu.py)
 for file in tests/test_gpu_*.py; do [ -e "$file" ] && tests+=("$file"); done
 # The gpu-marked tests of the transformations: CUDA tensors' gradients, jitted collectives
-# on GPU arrays.
-tests+=(tests/test_autograd.py tests/test_jit.py)
+# on GPU arrays; and of the torch backend "fcoll": CUDA tensors through dist.* and DDP.
+tests+=(tests/test_autograd.py tests/test_jit.py tests/test_torch_training.py)
 for part in "1 nccl" "1 mpi" "2 mpi"; do
   read -r n transport <<<"$part"
   name="gpu tests n=$n $transport"

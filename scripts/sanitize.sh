@@ -4,7 +4,7 @@
 # Builds fcoll/backends/_shmcore.c with FCOLL_SANITIZE=1 (setup.py: -fsanitize=address,undefined,
 # -O1 -g, the baseline folds without the AVX2 clones) inside a copy of this checkout, then runs,
 # with the sanitizers' runtimes preloaded into every process: the core's own tests
-# (tests/test_native.py), the segment, reduction and movement tests at n = 2 and 3 with every
+# (tests/test_native.py), the segment, reduction, movement and out= tests at n = 2 and 3 with every
 # size through the segment (FCOLL_SHM=1), and 20,000 steps of the stress job at n = 3. Any
 # report ends that process with an error, so the script fails. Creates .venv if missing;
 # scripts/test.sh runs it after the suite (FCOLL_SANITIZE_PASS=0 skips it there).
@@ -33,7 +33,7 @@ for n in 2 3; do
   echo "=== sanitize: segment tests, n=$n, FCOLL_SHM=1"
   FCOLL_SHM=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "${sanitized[@]}" "$PY" -m pytest -q \
     -p no:cacheprovider --capture=sys tests/test_shm.py tests/test_shm_movement.py tests/test_reductions.py \
-    tests/test_coalesced.py || status=1
+    tests/test_coalesced.py tests/test_into.py || status=1
 done
 echo "=== sanitize: stress, n=3"
 FCOLL_SHM=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec 3 "${sanitized[@]}" "$PY" \

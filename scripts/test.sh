@@ -40,7 +40,7 @@ for pass in "0 auto" "1 auto" "1 0"; do
     FCOLL_SHM=$shm FCOLL_NATIVE=$native MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
       ${color[@]+"${color[@]}"} "$@" tests/test_reductions.py tests/test_coalesced.py \
       tests/test_movement.py tests/test_fast.py tests/test_detail.py tests/test_shm.py \
-      tests/test_shm_movement.py tests/test_scan.py tests/test_custom_ops.py || rc=$?
+      tests/test_shm_movement.py tests/test_scan.py tests/test_custom_ops.py tests/test_into.py || rc=$?
     [ $rc = 0 ] || [ $rc = 5 ] || status=1
   done
 done

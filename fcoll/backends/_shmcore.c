@@ -191,17 +191,33 @@ int shm_takes(Core *c, const Step *s, PyArrayObject *x) {
 }
 
 /* reduce and scan: rank r folds every rank (reduce), ranks 0..r (scan) or 0..r-1 (scan,
- * F_EXCLUSIVE; rank 0's result is left to the caller, who fills in the identity) */
-static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x) {
+ * F_EXCLUSIVE; rank 0's result is left to the caller, who fills in the identity); into
+ * ``given`` (reduce only; Py_None: a new array), which may be x itself */
+static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *given) {
     int fsz = fold_size[s->type], esz = elem_size[s->type], avg = s->flags & F_AVG;
     /* this rank's own row: its input (the slot its peers read is then left to them), or the
-     * copy it published when that copy is what counts (scaled) or the input is unaligned */
+     * copy it published when that copy is what counts (scaled), the input is unaligned or
+     * the result overwrites it (in place) */
     int scale = s->flags & F_SCALE, published = scale || !PyArray_ISALIGNED(x);
-    PyArrayObject *out = new_like(x, -1);
-    if (out == NULL) return NULL;
+    PyArrayObject *out;
+    if (given == Py_None) {
+        out = new_like(x, -1);
+        if (out == NULL) return NULL;
+    } else if (s->kind == K_REDUCE && PyArray_Check(given) &&
+               PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
+               PyArray_ISWRITEABLE((PyArrayObject *)given) &&
+               PyArray_NBYTES((PyArrayObject *)given) == PyArray_NBYTES(x) &&
+               PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)given), PyArray_DESCR(x))) {
+        out = (PyArrayObject *)Py_NewRef(given);
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_shmcore.allreduce_into: out must be a writable "
+                                          "C-contiguous array of x's dtype and size");
+        return NULL;
+    }
     const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
     char *dst = PyArray_BYTES(out);
-    Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x);
+    Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x), all_bytes = total * esz;
+    if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
     for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
         Py_ssize_t m = min_size(total - at, per), nbytes = m * esz;
         int64_t step = c->step + 1;
@@ -320,7 +336,7 @@ PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
     switch (s->kind) {
     case K_REDUCE:
     case K_SCAN:
-        return run_reduce(c, s, x);
+        return run_reduce(c, s, x, out);
     case K_REDUCE_SCATTER:
         return run_reduce_scatter(c, s, x);
     case K_ALLGATHER:
@@ -360,6 +376,19 @@ static PyObject *reduction(Core *c, PyObject *args, int kind) {
 }
 
 static PyObject *Core_allreduce(Core *c, PyObject *args) { return reduction(c, args, K_REDUCE); }
+
+/* allreduce_into(out, x, type, op, flags, factor, fp, deadline): allreduce into out (writable,
+ * C-contiguous, x's dtype and size; it may be x itself): out, or None where allreduce's is */
+static PyObject *Core_allreduce_into(Core *c, PyObject *args) {
+    PyObject *x, *given;
+    long long fp;
+    Step s = {.kind = K_REDUCE};
+    if (!PyArg_ParseTuple(args, "OOiiidLd", &given, &x, &s.type, &s.op, &s.flags, &s.factor,
+                          &fp, &s.deadline) || shm_fold_ok(s.type, s.op) < 0)
+        return NULL;
+    s.fp = (int64_t)fp;
+    return call(c, &s, x, given);
+}
 static PyObject *Core_scan(Core *c, PyObject *args) { return reduction(c, args, K_SCAN); }
 static PyObject *Core_reduce_scatter(Core *c, PyObject *args) {
     return reduction(c, args, K_REDUCE_SCATTER);
@@ -468,6 +497,8 @@ static PyGetSetDef Core_getset[] = {
 static PyMethodDef Core_methods[] = {
     {"allreduce", (PyCFunction)Core_allreduce, METH_VARARGS,
      "allreduce(x, type, op, flags, factor, fp, deadline): a new array, or None"},
+    {"allreduce_into", (PyCFunction)Core_allreduce_into, METH_VARARGS,
+     "allreduce_into(out, x, type, op, flags, factor, fp, deadline): out, or None"},
     {"scan", (PyCFunction)Core_scan, METH_VARARGS,
      "scan(x, type, op, flags, factor, fp, deadline): ranks 0..r (F_EXCLUSIVE: 0..r-1)"},
     {"reduce_scatter", (PyCFunction)Core_reduce_scatter, METH_VARARGS,

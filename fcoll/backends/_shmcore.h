@@ -67,7 +67,7 @@ extern PyTypeObject CoreType, FastType;
  * caller then takes the numpy path, before any step */
 int shm_takes(Core *c, const Step *s, PyArrayObject *x);
 /* the call (after shm_takes): a new array, NULL with Mismatch(step), Timeout or another error
- * set; ``out``: allgather's given result or Py_None */
+ * set; ``out``: allgather's or allreduce's given result (x itself: in place) or Py_None */
 PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out);
 /* 0 where the core folds (type, op), else -1 with ValueError set */
 int shm_fold_ok(int type, int op);

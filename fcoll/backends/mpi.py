@@ -1,8 +1,9 @@
 """The MPI transport: mpi4py's buffer methods on C-contiguous numpy buffers.
 
 Every function takes the group's communicator and C-contiguous buffers; none validates
-its arguments or applies dtype policy (callers do). Reductions allocate their result and
-travel as the buffer's numpy dtype. Data movement writes into the ``out`` array the
+its arguments or applies dtype policy (callers do). Reductions allocate their result
+(`allreduce` and `reduce_scatter_block` write into an ``out`` given instead) and travel as
+the buffer's numpy dtype. Data movement writes into the ``out`` array the
 caller allocated (its final dtype and shape) and travels as ``MPI.BYTE``, so any dtype,
 bfloat16 included, moves bit-exact; counts of the ``v`` variants are in bytes.
 """
@@ -33,14 +34,18 @@ def displs(counts: Sequence[int]) -> list[int]:
     return [0, *np.cumsum(counts[:-1], dtype=np.int64).tolist()] if counts else []
 
 
-def allreduce(call: Call, send: np.ndarray, op: Any) -> np.ndarray:
+def allreduce(call: Call, send: np.ndarray, op: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """``send`` reduced over the group, in a new array or into ``out`` (C-contiguous, its
+    shape and dtype; ``out is send``: in place)."""
     comm = call.begin()
-    out = np.empty(send.shape, send.dtype)
+    if out is None:
+        out = np.empty(send.shape, send.dtype)
+    data = MPI.IN_PLACE if out is send else send
     if call.seconds is None:
-        comm.Allreduce(send, out, op)
+        comm.Allreduce(data, out, op)
         call.end()
     else:
-        wait_request(comm.Iallreduce(send, out, op), call)
+        wait_request(comm.Iallreduce(data, out, op), call)
     return out
 
 
@@ -55,10 +60,13 @@ def reduce(call: Call, send: np.ndarray, op: Any, root: int) -> np.ndarray | Non
     return out
 
 
-def reduce_scatter_block(call: Call, send: np.ndarray, op: Any) -> np.ndarray:
-    """Block ``rank`` of ``send`` split evenly along axis 0, reduced."""
+def reduce_scatter_block(call: Call, send: np.ndarray, op: Any, out: np.ndarray | None = None
+                         ) -> np.ndarray:
+    """Block ``rank`` of ``send`` split evenly along axis 0, reduced, in a new array or into
+    ``out`` (C-contiguous, the block's size and dtype, not overlapping ``send``)."""
     comm = call.begin()
-    out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
+    if out is None:
+        out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
     if call.seconds is None:
         comm.Reduce_scatter_block(send, out, op)
         call.end()

@@ -129,9 +129,11 @@ def attach(call: Call) -> Segment | None:
     return Segment(node, 64 << 10, core)
 
 
-def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndarray:
+def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int,
+              out: np.ndarray | None = None) -> np.ndarray:
     """Every rank's C-contiguous ``send`` reduced with ``ufunc`` in group-rank order, in a
-    new array of its shape and dtype. ``fp`` is the call's fingerprint (`fcoll._fingerprint`):
+    new array of its shape and dtype, or into ``out`` (C-contiguous, the same shape and
+    dtype; it may be ``send`` itself). ``fp`` is the call's fingerprint (`fcoll._fingerprint`):
     every rank announces it with its element count, and ranks that differ raise
     `fcoll.work.CollectiveMismatchError` on every rank.
 
@@ -141,13 +143,15 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndar
     """
     seg = _segment(call)
     flat = send.reshape(-1)
-    out = np.empty(send.shape, send.dtype)
+    in_place = out is send  # then this rank's own row is read from its slot, not overwritten
+    out = np.empty(send.shape, send.dtype) if out is None else out
     dest = out.reshape(-1)
     per = CHUNK // max(send.itemsize, 1)  # elements per step
     for start in range(0, max(flat.size, 1), per):
         piece = flat[start : start + per]
         rows = _step(call, seg, piece, fp, flat.size)
-        fold(rows, seg.rank, piece, dest[start : start + piece.size], ufunc)
+        fold(rows, seg.rank, rows[seg.rank] if in_place else piece,
+             dest[start : start + piece.size], ufunc)
     call.end()
     return out
 
@@ -163,19 +167,24 @@ def ready(call: Call, seg: Segment, nbytes: int, fp: int, count: int) -> Segment
     return seg
 
 
-def allreduce_native(call: Call, x: np.ndarray, kernel: native.Kernel, fp: int) -> np.ndarray:
+def allreduce_native(call: Call, x: np.ndarray, kernel: native.Kernel, fp: int,
+                     out: np.ndarray | None = None) -> np.ndarray:
     """`allreduce` by the compiled core: ``x`` C-contiguous in its own dtype (float16 and
     bfloat16 travel as themselves and are folded in float32), folded with ``kernel``
-    (`fcoll.backends.native.kernel`), a new finished array (avg divided, premul scaled).
+    (`fcoll.backends.native.kernel`), a new finished array (avg divided, premul scaled), or
+    into ``out`` (C-contiguous, ``x``'s shape and dtype; it may be ``x`` itself).
 
     Example:
         >>> allreduce_native(call, np.array([r + 1.0]), native.kernel(f8, np.add, False, None), fp)
         array([3.])                                              # rank r of 2 on one node
     """
     seg = ready(call, _segment(call), x.nbytes, fp, x.size)
-    out: np.ndarray = seg.native(call, seg.core.allreduce, x, *kernel, fp)
+    if out is None:
+        result: np.ndarray = seg.native(call, seg.core.allreduce, x, *kernel, fp)
+    else:
+        result = seg.native(call, seg.core.allreduce_into, out, x, *kernel, fp)
     call.end()
-    return out
+    return result
 
 
 def reduce_scatter_native(call: Call, x: np.ndarray, kernel: native.Kernel, fp: int) -> np.ndarray:

@@ -68,20 +68,35 @@ def _native(call: Call, plan: ReductionPlan) -> native.Kernel | None:
     return _kernel(plan) if seg and seg.core is not None else None
 
 
-def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray) -> np.ndarray:
+def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray, out: np.ndarray | None = None
+              ) -> np.ndarray:
     """Every rank's ``x`` (the call's data in its own dtype, any layout) reduced, finished (the
     result of the call, ``x``'s shape): through on-node shared memory where
     `fcoll._dispatch.on_node` says so (always folded in rank order; in C where the core runs),
-    else MPI."""
+    else MPI. Given ``out`` (C-contiguous, ``x``'s shape and dtype, possibly ``x`` itself),
+    the result is written there: by the transport where its output is the result (the
+    compiled core; a plan whose wire is ``x``'s own data), else copied."""
     if (shared := on_node(call, x.nbytes)) is not None:
         if (kernel := _native(call, plan)) is not None:
             data = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-            return shared.allreduce_native(call, data, kernel, plan.fp)  # type: ignore[no-any-return]
-        return plan.finish(shared.allreduce(call, plan.wire(x), plan.fold_ufunc, plan.fp))
+            return shared.allreduce_native(call, data, kernel, plan.fp, out)  # type: ignore[no-any-return]
+        into = out if plan.simple else None
+        return _put(out, plan.finish(shared.allreduce(call, plan.wire(x), plan.fold_ufunc, plan.fp,
+                                                      into)))
     wire = plan.wire(x)
     if plan.ufunc is None:
-        return plan.finish(backend.allreduce(call, wire, plan.op))
-    return plan.finish(fold_allreduce(call, wire.reshape(-1), plan.ufunc).reshape(wire.shape))
+        return _put(out, plan.finish(backend.allreduce(call, wire, plan.op,
+                                                       out if plan.simple else None)))
+    return _put(out, plan.finish(fold_allreduce(call, wire.reshape(-1), plan.ufunc)
+                                 ).reshape(wire.shape))
+
+
+def _put(out: np.ndarray | None, y: np.ndarray) -> np.ndarray:
+    """``y`` written into ``out`` (returned), or ``y`` itself without ``out``."""
+    if out is None or y is out:
+        return y
+    np.copyto(out, y.reshape(out.shape))
+    return out
 
 
 def reduce(call: Call, plan: ReductionPlan, wire: np.ndarray, root: int) -> np.ndarray | None:

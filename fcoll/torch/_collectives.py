@@ -1,0 +1,217 @@
+"""The torch backend's collectives on one tensor per process (`fcoll.torch.backend`).
+
+Each method is the ``ProcessGroup`` method of the same name, as torch's Python functions
+(``dist.all_reduce`` ...) and its C++ callers (DDP, functional collectives) call it: it
+checks the output tensors against the inputs before anything is sent, runs fcoll's
+collective on the group, writes the outputs and returns a finished `FcollWork`. The output
+of all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and an evenly split
+all_to_all_single, where it is a contiguous CPU tensor, is written by the transport through
+its numpy view (`fcoll.collectives._into`); the other outputs (reduce, gather, scatter, the
+list forms, strided or CUDA tensors) get fcoll's result copied in.
+
+Example:
+    >>> pg.allreduce([t], opts)          # dist.all_reduce(t) on an "fcoll" group
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import fcoll as fc
+from fcoll.collectives import _into
+from fcoll.group import Group
+from fcoll.torch._convert import check_like, check_list, fcoll_op, one, put, view, view_out
+from fcoll.torch.work import FcollWork, done
+
+
+def _op(opts: Any, fn: str) -> Any:
+    return fcoll_op(dist.ReduceOp.SUM if opts is None else opts.reduceOp, fn)
+
+
+def _root(opts: Any) -> int:
+    return 0 if opts is None else int(opts.rootRank)
+
+
+class Collectives:
+    """The collectives of `fcoll.torch.backend.ProcessGroupFcoll` on one tensor per rank."""
+
+    fcoll_group: Group
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
+        """``dist.all_reduce``: ``tensors[0]`` reduced in place (every ``ReduceOp``)."""
+        fn = "all_reduce"
+        t = one(tensors, fn)
+        op, out = _op(opts, fn), view_out(t, fn, "tensor")
+        if out is not None:
+            _into.all_reduce(out, out, op, self.fcoll_group)  # in place
+        else:
+            put(t, fc.all_reduce(view(t, fn, "tensor"), op, self.fcoll_group))
+        return done([t])
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
+        """``dist.broadcast``: every rank's ``tensors[0]`` becomes group rank ``rootRank``'s."""
+        fn = "broadcast"
+        t = one(tensors, fn)
+        out = view_out(t, fn, "tensor")
+        if out is not None:
+            _into.broadcast(out, _root(opts), self.fcoll_group)
+        else:
+            put(t, fc.broadcast(view(t, fn, "tensor"), _root(opts), self.fcoll_group))
+        return done([t])
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
+        """``dist.reduce``: the reduction lands in ``tensors[0]`` on ``rootRank`` only."""
+        fn = "reduce"
+        t = one(tensors, fn)
+        y = fc.reduce(view(t, fn, "tensor"), _root(opts), _op(opts, fn), self.fcoll_group)
+        if y is not None:
+            put(t, y)
+        return done([t])
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], tensors: list[torch.Tensor],
+                  opts: Any = None) -> FcollWork:
+        """``dist.all_gather``: ``output_lists[0][r]`` gets group rank ``r``'s tensor."""
+        fn = "all_gather"
+        t, outs = one(tensors, fn), one(output_lists, fn, "tensor_list")
+        g = self.fcoll_group
+        check_list(outs, g.size, fn, "tensor_list")
+        for i, o in enumerate(outs):
+            check_like(o, t, fn, f"tensor_list[{i}]", o.numel() if i != g.rank else t.numel())
+        x = view(t, fn, "tensor")
+        if isinstance(x, np.ndarray) and all(o.numel() == t.numel() for o in outs):
+            flat = np.empty(x.size * g.size, x.dtype)
+            _into.all_gather(x.reshape(-1), flat, g)
+            ys = np.split(flat, g.size)
+        else:
+            ys = fc.all_gather(x, g)
+        for o, y in zip(outs, ys, strict=True):
+            put(o, y)
+        return done(outs)
+
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor,
+                          opts: Any = None) -> FcollWork:
+        """``dist.all_gather_into_tensor``: every rank's tensor, in rank order, in ``output``."""
+        fn = "all_gather_into_tensor"
+        g = self.fcoll_group
+        check_like(output, tensor, fn, "output_tensor", tensor.numel() * g.size)
+        x, out = view(tensor, fn, "input_tensor").reshape(-1), view_out(output, fn, "output_tensor")
+        if out is not None and isinstance(x, np.ndarray):
+            _into.all_gather(x, out.reshape(-1), g)
+        else:
+            put(output, fc.all_gather_into_tensor(x, g))
+        return done([output])
+
+    _allgather_base = all_gather_single  # the name before torch 2.13
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> FcollWork:
+        """``dist.reduce_scatter``: ``outputs[0]`` gets the reduction of every rank's
+        ``input_lists[0][rank]``."""
+        fn = "reduce_scatter"
+        t, chunks = one(outputs, fn, "output"), one(input_lists, fn, "input_list")
+        g = self.fcoll_group
+        check_list(chunks, g.size, fn, "input_list")
+        for i, c in enumerate(chunks):
+            check_like(c, t, fn, f"input_list[{i}]", c.numel() if i != g.rank else t.numel())
+        views = [view(c, fn, f"input_list[{i}]") for i, c in enumerate(chunks)]
+        put(t, fc.reduce_scatter(views, _op(opts, fn), g))
+        return done([t])
+
+    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor,
+                              opts: Any = None) -> FcollWork:
+        """``dist.reduce_scatter_tensor``: block ``rank`` of the reduction of every rank's
+        ``tensor`` (split evenly, in order) in ``output``."""
+        fn = "reduce_scatter_tensor"
+        g = self.fcoll_group
+        check_like(tensor, output, fn, "input", output.numel() * g.size, "output")
+        x, out = view(tensor, fn, "input").reshape(-1), view_out(output, fn, "output")
+        if out is not None and isinstance(x, np.ndarray):
+            _into.reduce_scatter(x, out.reshape(-1), _op(opts, fn), g)
+        else:
+            put(output, fc.reduce_scatter_tensor(x, _op(opts, fn), g))
+        return done([output])
+
+    _reduce_scatter_base = reduce_scatter_single  # the name before torch 2.13
+
+    def alltoall(self, outputs: list[torch.Tensor], tensors: list[torch.Tensor],
+                 opts: Any = None) -> FcollWork:
+        """``dist.all_to_all``: ``outputs[r]`` gets group rank ``r``'s ``tensors[rank]``."""
+        fn = "all_to_all"
+        g = self.fcoll_group
+        check_list(outputs, g.size, fn, "output_tensor_list")
+        check_list(tensors, g.size, fn, "input_tensor_list")
+        for i, o in enumerate(outputs):
+            check_like(o, tensors[0], fn, f"output_tensor_list[{i}]", o.numel())
+        views = [view(t, fn, f"input_tensor_list[{i}]") for i, t in enumerate(tensors)]
+        for o, y in zip(outputs, fc.all_to_all(views, g), strict=True):
+            check_like(o, tensors[0], fn, "output_tensor_list[...]", y.size)
+            put(o, y)
+        return done(outputs)
+
+    def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> FcollWork:
+        """``dist.all_to_all_single``: rows of ``tensor`` to each rank, by the split sizes
+        (empty lists: even); the rows received, in rank order, in ``output``."""
+        fn = "all_to_all_single"
+        g = self.fcoll_group
+        outs, ins = list(output_split_sizes) or None, list(input_split_sizes) or None
+        x = view(tensor, fn, "input")
+        if outs is None and ins is None:
+            check_like(output, tensor, fn, "output", tensor.numel())
+            out = view_out(output, fn, "output")
+            if out is not None and isinstance(x, np.ndarray):
+                _into.all_to_all(x, out.reshape(x.shape), g)
+                return done([output])
+        elif outs is not None:
+            row = tensor[0].numel() if tensor.dim() else 1
+            check_like(output, tensor, fn, "output", sum(outs) * row)
+        y = fc.all_to_all_single(x, outs, ins, g)
+        check_like(output, tensor, fn, "output", y.size)
+        put(output, y)
+        return done([output])
+
+    alltoall_base = all_to_all_single  # the name before torch 2.13
+
+    def gather(self, output_lists: list[list[torch.Tensor]], tensors: list[torch.Tensor],
+               opts: Any = None) -> FcollWork:
+        """``dist.gather``: on ``rootRank``, ``output_lists[0][r]`` gets rank ``r``'s tensor."""
+        fn = "gather"
+        t, g, root = one(tensors, fn), self.fcoll_group, _root(opts)
+        outs: list[torch.Tensor] = one(output_lists, fn, "gather_list") if g.rank == root else []
+        if g.rank == root:
+            check_list(outs, g.size, fn, "gather_list")
+            for i, o in enumerate(outs):
+                check_like(o, t, fn, f"gather_list[{i}]", o.numel() if i != root else t.numel())
+        ys = fc.gather(view(t, fn, "tensor"), root, g)
+        for o, y in zip(outs, ys or [], strict=True):
+            put(o, y)
+        return done(outs)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> FcollWork:
+        """``dist.scatter``: ``outputs[0]`` gets ``rootRank``'s ``input_lists[0][rank]``."""
+        fn = "scatter"
+        t, g, root = one(outputs, fn, "tensor"), self.fcoll_group, _root(opts)
+        chunks = None
+        if g.rank == root:
+            given = one(input_lists, fn, "scatter_list")
+            check_list(given, g.size, fn, "scatter_list")
+            check_like(given[root], t, fn, f"scatter_list[{root}]", t.numel())
+            chunks = [view(c, fn, f"scatter_list[{i}]") for i, c in enumerate(given)]
+        put(t, fc.scatter(chunks, root, g))
+        return done([t])
+
+    def barrier(self, opts: Any = None) -> FcollWork:
+        """``dist.barrier``: returns once every rank of the group has called it."""
+        fc.barrier(self.fcoll_group)
+        return done([])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """`fcoll.monitored_barrier` on the group (torch's own function takes only gloo's
+        groups: call this method, or `fcoll.torch.monitored_barrier`)."""
+        fc.monitored_barrier(self.fcoll_group, timeout, wait_all_ranks=wait_all_ranks)
