@@ -216,6 +216,22 @@ def ended(reason: str, failed: bool) -> None:
     watch, board = WATCH[0], WATCH[0].board
     board.publish(_board.FAILED if failed else _board.ENDED, None, group_seqs(), reason)
     mine = {serial: (g.seq, g.ranks) for serial, g in list(_GROUPS.items())}
-    if watch.ends and (text := _stall_report.abandoned(mine, board.lines(), watch.rank,
-                                                       reason)) is not None:
+    if not watch.ends or _stall_report.abandoned(mine, board.lines(), watch.rank, reason) is None:
+        return
+    # A line is as old as its rank's last tick: judge again on lines written since.
+    if (text := _stall_report.abandoned(mine, _fresh(board, watch.tick), watch.rank, reason)) is not None:
         _runtime.end_job(1, text)
+
+
+def _fresh(board: _board.Board, tick: float) -> list[_board.Line]:
+    """The node's lines, each waiting one written after this call began: a line is as old as
+    its rank's last tick, so a wait its rank has since left (a call that timed out, say) may
+    still show. A rank that really waits writes its line again within a tick; the wait for
+    that is bounded (three ticks), and taken only when the lines as they were found would
+    end the job."""
+    asked, until = time.time(), time.monotonic() + 3 * tick
+    lines = board.lines()
+    while any(line.waiting and line.written <= asked for line in lines) and time.monotonic() < until:
+        time.sleep(min(0.02, tick))
+        lines = board.lines()
+    return lines

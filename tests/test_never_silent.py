@@ -140,6 +140,27 @@ def test_a_rank_that_ends_is_not_confused_with_a_group_it_is_not_in(tmp_path):
     assert all(f"rank {k} done" in out for k in range(3)) and "ending the job" not in out, out
 
 
+def test_a_wait_left_by_a_timeout_is_not_read_as_a_wait_at_the_end(tmp_path):
+    """Rank 1 waits 1.5 s in a call on a group rank 0 never calls, until its deadline (its
+    watch publishes the wait meanwhile); then rank 0 ends at once, most often before rank 1's
+    watch ticks again (once a second), while rank 1 sleeps outside fcoll. Rank 0's end must
+    not take that stale line for a peer waiting on it."""
+    code, out, _ = _job(tmp_path, """
+        g = fc.new_group([0, 1], timeout=1.5)
+        if r == 1:
+            try:
+                fc.all_reduce(np.ones(2), group=g)
+            except fc.CollectiveTimeoutError:
+                print("rank 1 timed out", flush=True)
+        fc.barrier()
+        if r == 1:
+            time.sleep(2)
+        print(f"rank {r} done", flush=True)
+    """)
+    assert code == 0, out
+    assert "rank 1 timed out" in out and "rank 0 done" in out and "ending the job" not in out, out
+
+
 def test_the_stall_report_names_the_call_and_the_peers(tmp_path):
     code, out, _ = _job(tmp_path, """
         fc.all_reduce(np.ones(3))
