@@ -204,6 +204,16 @@ def test_point_to_point(pg: PG) -> None:
     dist.barrier(group=pg.pg)
 
 
+def test_the_group_is_its_own_backend_per_device(pg: PG) -> None:
+    """torch 2.14's batch_isend_irecv asks the group for its backend on the tensors' device
+    and reads ``supports_coalescing`` (a Python group's base method raises there)."""
+    group = pg.pg if pg.pg is not None else dist.distributed_c10d._get_default_group()
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        backend = group._get_backend(device)
+        assert backend is group and backend.supports_coalescing is False
+        assert backend.supports_splitting is False
+
+
 def test_coalesced(pg: PG) -> None:
     n, r = pg.size, pg.rank
     ts = [t32([r + 1.0]), t32([r + 2.0, 0.0])]
@@ -250,8 +260,8 @@ def test_monitored_barrier(pg: PG) -> None:
     import fcoll.torch as ft
 
     ft.monitored_barrier(pg.pg, timeout=datetime.timedelta(seconds=60))
-    with pytest.raises(ValueError, match="only implemented for GLOO"):
-        dist.monitored_barrier(pg.pg)  # torch's own accepts gloo groups only
+    with pytest.raises(ValueError, match="GLOO"):
+        dist.monitored_barrier(pg.pg)  # torch's own accepts gloo groups only (2.13, 2.14 alike)
 
 
 def test_wrong_outputs_raise_before_sending(pg: PG) -> None:

@@ -55,12 +55,23 @@ class ProcessGroupFcoll(Collectives, Coalesced, _ProcessGroup):  # type: ignore[
         (0, 1)
     """
 
+    # torch asks a group for its backend per device (torch 2.14's batch_isend_irecv reads
+    # ``supports_coalescing`` from it and does not catch the RuntimeError a Python group's
+    # base method raises): this group is its own backend on every device, without torch's
+    # coalescing or splitting.
+    supports_coalescing = False
+    supports_splitting = False
+
     def __init__(self, group: Group, owned: bool) -> None:
         super().__init__(group.rank, group.size)
         self.fcoll_group = group
         self._owned = owned  # made for this process group: destroyed with it
         self._name = ""
         self._desc = ""
+
+    def _get_backend(self, device: Any) -> Any:
+        """This group: its own backend for ``device`` (see ``supports_coalescing``)."""
+        return self
 
     def getBackendName(self) -> str:
         """``"fcoll"`` (torch's ``pg.name()``, ``dist.get_backend``).

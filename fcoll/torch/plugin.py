@@ -1,8 +1,9 @@
 """Registration of the backend ``"fcoll"`` with torch.distributed, and its start-up.
 
 `register` (run by ``import fcoll.torch``, and by torch 2.14's ``torch.distributed.backends``
-entry point without that import) registers the backend for CPU and CUDA tensors, the
-rendezvous ``fcoll://``, and a fallback for torch's default ``env://``:
+entry point without that import, which torch 2.14.1 loads after its rendezvous: so the
+``env://`` fallback below needs the import) registers the backend for CPU and CUDA tensors,
+the rendezvous ``fcoll://``, and a fallback for torch's default ``env://``:
 
 - ``fcoll://`` takes rank and world size from MPI (``mpiexec``, ``srun``: no variable to
   set) and makes torch's key-value store: a ``TCPStore`` served by rank 0 (its port chosen
