@@ -62,10 +62,10 @@ def internal_steps(x: np.ndarray, out: np.ndarray) -> list[Step]:
     """The steps of fcoll.all_reduce as of this writing (group and comm, cached plan, wire
     data, move, finish); raises ImportError/AttributeError if fcoll's internals have moved.
     Names starting with a space or "(" are parts of a step, left out of the sum."""
+    from fcoll._calls import member
     from fcoll._plan import reduction_plan
     from fcoll.backends import mpi as backend
     from fcoll.collectives import _fold
-    from fcoll.group import member
 
     g, call = member(None, "all_reduce")
     plan = reduction_plan(x, "sum", g, "all_reduce")

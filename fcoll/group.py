@@ -7,8 +7,6 @@ of another. `resolve_group` is the one place that turns a ``group=`` argument in
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +55,7 @@ class Group:
         self.seq = 0  # calls made on the group by this process
         self.broken: str | None = None  # why the group is unusable (a missed deadline)
         self.monitor_epoch = 0  # monitored_barrier calls made on the group
-        self.call = Call(self, comm)  # the public call in progress (refreshed by `member`)
+        self.call = Call(self, comm)  # the public call in progress (refreshed by `fcoll._calls.member`)
         # The flight recorder's name for the group, equal on its members: (ranks, an agreed serial).
         self.key = (self._ranks, _agreed_serial(comm) if comm is not None else -1)
         if comm is not None:
@@ -358,29 +356,6 @@ def resolve_group(group: object, fn: str) -> Group:
         return cached
     raise TypeError(f"{fn}: expected group to be None, a fcoll.Group, a list of ranks or "
                     f"(inside `with fc.Mesh(...)`) mesh axis names, got {type(group).__name__}")
-
-
-def member(group: object, fn: str) -> tuple[Group, Call]:
-    """`resolve_group` plus the call context passed down to the transport (communicator,
-    deadline, call number: `fcoll.work.Call`); `ValueError` unless a live member.
-
-    Example:
-        >>> g, call = member(None, "all_reduce")          # at the start of a public call
-        >>> backend.allreduce(call, x, MPI.SUM)           # the transport takes the call
-    """
-    if _runtime._state.before_call is not None:  # jitted collectives may be in flight
-        _runtime._state.before_call()
-    g = (_runtime._state.world or world()) if group is None else resolve_group(group, fn)
-    if not g.usable:
-        g.comm(fn)  # raises the documented error
-    call = g.call
-    call.fn, call.counted, call.slot, call.args = fn, False, -1, None  # counted once it communicates
-    timeout = g.timeout if g.timeout is not None else _runtime._state.timeout
-    # math.inf: a group that waits forever under a job-wide deadline
-    call.seconds = timeout = None if timeout == math.inf else timeout
-    if timeout is not None:
-        call.start = time.monotonic()
-    return g, call
 
 
 def get_rank(group: GroupArg = None) -> int:

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from fcoll import _runtime
+from fcoll._calls import member
 from fcoll._runtime import Timeout, to_seconds
-from fcoll.group import Group, GroupArg, member
+from fcoll.group import Group, GroupArg
 from fcoll.p2p import BYTE, MONITOR_TAG
 from fcoll.work import Call
 

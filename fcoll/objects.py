@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._validate import check_rank
 from fcoll.backends import mpi as backend
-from fcoll.group import GroupArg, member
+from fcoll.group import GroupArg
 from fcoll.work import Call
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import device, is_cupy
 from fcoll._header import INLINE as _INLINE
 from fcoll._header import SEPARATE as _SEPARATE
@@ -38,7 +39,7 @@ from fcoll._validate import check_array, check_permutation, check_rank
 from fcoll.backends import interop
 from fcoll.collectives._common import c_order
 from fcoll.gpu import staged
-from fcoll.group import Group, GroupArg, member, resolve_group
+from fcoll.group import Group, GroupArg, resolve_group
 from fcoll.work import (
     Call,
     Operation,

@@ -62,7 +62,7 @@ class CollectiveMismatchError(ValueError):
 class Call:
     """The public call in progress on a group: what the transport needs besides buffers.
 
-    `fcoll.group.member` fills in the group's one `Call` at the start of each public call
+    `fcoll._calls.member` fills in the group's one `Call` at the start of each public call
     (cheaper than a new object on the small-message path) and it is passed down to the
     transport, which keeps no per-call state of its own:
 

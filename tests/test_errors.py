@@ -15,7 +15,7 @@ import pytest
 
 import fcoll as fc
 from fcoll import _runtime
-from fcoll.group import member
+from fcoll._calls import member
 
 X = np.ones((4, 3))
 BAD_CALLS = [

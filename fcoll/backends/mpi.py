@@ -25,7 +25,7 @@ MPI = mpi()
 BYTE = MPI.BYTE
 
 # Every function takes the public call in progress (`fcoll.work.Call`, made by
-# `fcoll.group.member`): its communicator, and its deadline: without one, MPI's blocking
+# `fcoll._calls.member`): its communicator, and its deadline: without one, MPI's blocking
 # form; with one, the nonblocking form polled until done or late (`wait_request`). The
 # first operation of a call counts it in the group's call number (`Call.begin`).
 

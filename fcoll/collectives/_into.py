@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import on_node, shm_limit
 from fcoll._fingerprint import of as fingerprint
 from fcoll._plan import reduction_plan
@@ -28,7 +29,7 @@ from fcoll._validate import check_array, check_divisible, check_rank
 from fcoll.backends import mpi as backend
 from fcoll.collectives import _fold
 from fcoll.collectives.movement import allgather
-from fcoll.group import Group, member
+from fcoll.group import Group
 from fcoll.ops import Op
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import device_list
 from fcoll._plan import reduction_plan
 from fcoll._types import A
@@ -20,7 +21,7 @@ from fcoll._validate import check_array, check_divisible
 from fcoll.collectives import _fold, movement
 from fcoll.dtypes import as_bytes
 from fcoll.gpu import route
-from fcoll.group import GroupArg, member
+from fcoll.group import GroupArg
 from fcoll.ops import Op
 
 

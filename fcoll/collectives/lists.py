@@ -14,6 +14,7 @@ from typing import Any, overload
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import INTEROP, device, device_list, gpu_backend
 from fcoll._types import A
 from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
@@ -22,7 +23,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dtypes import as_bytes, dtype_from_name
 from fcoll.gpu import route
-from fcoll.group import GroupArg, member
+from fcoll.group import GroupArg
 
 
 def _meta(x: np.ndarray) -> tuple[tuple[int, ...], str]:

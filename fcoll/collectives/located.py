@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from fcoll._calls import member
 from fcoll._dispatch import INTEROP, device, is_cupy
 from fcoll._types import A
 from fcoll._validate import check_array
 from fcoll.collectives.reductions import all_reduce
 from fcoll.dtypes import check_dtype, check_op
 from fcoll.gpu import route
-from fcoll.group import GroupArg, member
+from fcoll.group import GroupArg
 from fcoll.ops import ReduceOp
 
 

@@ -12,6 +12,7 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import device, on_node, shm_range
 from fcoll._fingerprint import of as fingerprint
 from fcoll._types import A
@@ -31,7 +32,7 @@ from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg, member
+from fcoll.group import Group, GroupArg
 from fcoll.work import Call, Work, complete_pending
 
 

@@ -22,6 +22,7 @@ from typing import Any, overload
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._calls import member
 from fcoll._dispatch import device
 from fcoll._halo_axes import axes, check_faces
 from fcoll._header import INLINE, SEPARATE, header, inline, parse
@@ -30,7 +31,7 @@ from fcoll._validate import check_array, check_rank
 from fcoll.collectives import _halo
 from fcoll.collectives._common import c_order
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg, member
+from fcoll.group import Group, GroupArg
 from fcoll.mesh import Mesh
 from fcoll.p2p import BYTE, INLINE_LIMIT, MPI, _probe_message, _tag
 from fcoll.work import Call, wait_requests

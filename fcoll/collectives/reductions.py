@@ -12,6 +12,7 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import device, device_list, shm_limit
 from fcoll._plan import reduction_plan
 from fcoll._types import A
@@ -20,7 +21,7 @@ from fcoll.backends import mpi as backend
 from fcoll.collectives import _fast, _fold, nonblocking
 from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg, member
+from fcoll.group import Group, GroupArg
 from fcoll.ops import Op
 from fcoll.work import Work
 

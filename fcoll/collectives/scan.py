@@ -15,13 +15,14 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._dispatch import device
 from fcoll._plan import ReductionPlan, reduction_plan
 from fcoll._types import A
 from fcoll.collectives import _fast, _prefix, _scan_fast
 from fcoll.dtypes import identity
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg, member
+from fcoll.group import Group, GroupArg
 from fcoll.ops import Op, PremulSum, ReduceOp, resolve_op
 from fcoll.work import Work
 

@@ -25,6 +25,7 @@ import numpy as np
 import optree
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._plan import reduction_plan
 from fcoll._tree import Array, array_module, back, foreign_leaves, kind, native_leaves, path_name
 from fcoll._types import A, T
@@ -32,7 +33,7 @@ from fcoll.backends import interop
 from fcoll.collectives import all_reduce, nonblocking
 from fcoll.dp.buckets import Bucket, Buckets, Done
 from fcoll.dp.join import Joiner
-from fcoll.group import GroupArg, member, resolve_group
+from fcoll.group import GroupArg, resolve_group
 from fcoll.work import Work
 
 Hook = Callable[[Array, GroupArg], "Work[Array] | Array"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fcoll._calls import member
 from fcoll._plan import NcclPlan, nccl_plan, reduction_plan
 from fcoll._validate import (
     check_count,
@@ -35,7 +36,7 @@ from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype
 from fcoll.gpu import fast, nccl
 from fcoll.gpu.events import event_work
-from fcoll.group import Group, member
+from fcoll.group import Group
 from fcoll.work import Call
 
 

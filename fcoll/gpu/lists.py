@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from fcoll._calls import member
 from fcoll._validate import check_count, check_divisible, check_permutation, check_rank, one_dtype
 from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.gpu import nccl
 from fcoll.gpu.collectives import as_bytes, cp, enter, plan_for
-from fcoll.group import Group, member
+from fcoll.group import Group
 from fcoll.work import Call
 
 

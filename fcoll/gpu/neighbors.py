@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from fcoll import _debug
+from fcoll._calls import member
 from fcoll._halo_axes import axes, check_faces
 from fcoll._header import INLINE, MAX_BYTES, header, parse
 from fcoll._runtime import mpi
@@ -26,7 +27,6 @@ from fcoll.backends import Backend
 from fcoll.backends import mpi as host
 from fcoll.gpu import nccl
 from fcoll.gpu.collectives import as_bytes, cp, enter
-from fcoll.group import member
 from fcoll.mesh import Mesh
 from fcoll.work import Call, wait_requests
 

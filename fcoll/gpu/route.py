@@ -23,13 +23,14 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from fcoll import _debug, _runtime
+from fcoll._calls import member
 from fcoll._validate import check_count, check_rank, check_same_dtype
 from fcoll.backends import Backend, interop
 from fcoll.backends import mpi as host
 from fcoll.dtypes import check_dtype, dtype_from_name
 from fcoll.gpu import aware, collectives, lists, nccl, neighbors, staged
 from fcoll.gpu.settings import mpi_for_device, transport
-from fcoll.group import Group, member, resolve_group
+from fcoll.group import Group, resolve_group
 from fcoll.ops import is_custom
 from fcoll.work import Call
 
