@@ -62,7 +62,7 @@ def _unavailable() -> str | None:
             return "no CUDA device"
     except Exception as error:
         return f"no usable cupy/GPU ({type(error).__name__}: {error})"
-    from fcoll.gpu import nccl
+    from fcoll.backends import nccl
 
     return None if nccl.available() else f"no NCCL ({nccl.why_unavailable()})"
 
@@ -318,7 +318,7 @@ def main() -> int:
     import cupy as cp
 
     import fcoll.gpu
-    from fcoll.gpu import nccl
+    from fcoll.backends import nccl
 
     fcoll.gpu.use_local_device()
     n = fc.get_world_size()

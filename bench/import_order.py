@@ -92,11 +92,11 @@ def main() -> None:
     fcoll.init()
     rows = {nbytes: measure(comm, nbytes, ARGS.batches) for nbytes in SIZES}
     if comm.rank == 0:
-        from fcoll import _memory
+        from fcoll.runtime import memory
 
         levels = ("single", "funneled", "serialized", "multiple")
         order = "fcoll first" if ARGS.fcoll_first else "mpi4py.MPI first"
-        tuned = getattr(_memory, "tuned", None)
+        tuned = getattr(memory, "tuned", None)
         print(f"n = {comm.size}, {order}, thread level {levels[MPI.Query_thread()]}, malloc "
               f"tuning {'unknown (older fcoll)' if tuned is None else 'on' if tuned() else 'off'}")
         print(f"{'size':>6}  {'fcoll':>9}  {'raw':>9}  {'raw fresh':>9}  fcoll/raw  raw fresh/raw")

@@ -78,8 +78,8 @@ def _call(op: str, x: np.ndarray) -> Fn:
 def _step(op: str, x: np.ndarray) -> Fn | None:
     """The core's own call (the world's segment made by the public call's first use)."""
     import fcoll as fc
-    from fcoll import _fingerprint
     from fcoll.backends import native
+    from fcoll.calls import fingerprint
 
     seg = fc.world().shm
     if not native.running() or not seg or seg.core is None:
@@ -88,13 +88,13 @@ def _step(op: str, x: np.ndarray) -> Fn | None:
     if op in ("all_reduce", "reduce_scatter_tensor"):
         kernel = native.kernel(x.dtype, np.add, False, None)
         assert kernel is not None
-        fp = _fingerprint.of(op, "sum", x.dtype)
+        fp = fingerprint.of(op, "sum", x.dtype)
         method = core.allreduce if op == "all_reduce" else core.reduce_scatter
         args: tuple[Any, ...] = (*kernel, fp, -1.0)
     elif op == "all_gather_into_tensor":
-        method, args = core.allgather, (None, _fingerprint.of(op, "", x.dtype), -1.0)
+        method, args = core.allgather, (None, fingerprint.of(op, "", x.dtype), -1.0)
     else:
-        method, args = core.broadcast, (0, _fingerprint.of(op, "", x.dtype, 0), -1.0)
+        method, args = core.broadcast, (0, fingerprint.of(op, "", x.dtype, 0), -1.0)
 
     def step() -> None:
         kept[0] = method(x, *args)

@@ -62,10 +62,10 @@ def internal_steps(x: np.ndarray, out: np.ndarray) -> list[Step]:
     """The steps of fcoll.all_reduce as of this writing (group and comm, cached plan, wire
     data, move, finish); raises ImportError/AttributeError if fcoll's internals have moved.
     Names starting with a space or "(" are parts of a step, left out of the sum."""
-    from fcoll._calls import member
-    from fcoll._plan import reduction_plan
     from fcoll.backends import mpi as backend
     from fcoll.collectives import _fold
+    from fcoll.groups.membership import member
+    from fcoll.policy.plan import reduction_plan
 
     g, call = member(None, "all_reduce")
     plan = reduction_plan(x, "sum", g, "all_reduce")
@@ -97,7 +97,7 @@ def primitives(x: np.ndarray, out: np.ndarray, comm: Any) -> list[Step]:
     return [
         ("python call f(a, b) (no work)", lambda: empty_fn(x, op)),
         ("isinstance(x, np.ndarray)", lambda: isinstance(x, np.ndarray)),
-        ("x.dtype in frozenset", lambda: x.dtype in fcoll.dtypes.SUPPORTED),
+        ("x.dtype in frozenset", lambda: x.dtype in fcoll.policy.dtypes.SUPPORTED),
         ("dict.get((x.dtype, 'sum'))", lambda: table.get((x.dtype, "sum"))),
         ("x.dtype == np.bool_ (vs type)", lambda: x.dtype == np.bool_),
         ("x.dtype is f32 (identity)", lambda: x.dtype is f32),

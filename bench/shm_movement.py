@@ -37,7 +37,7 @@ from common import human, parse_size
 fcoll.init()
 from mpi4py import MPI  # noqa: E402
 
-from fcoll import _runtime  # noqa: E402
+from fcoll import runtime  # noqa: E402
 
 OPS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
 Fn = Callable[[], Any]
@@ -46,7 +46,7 @@ Fn = Callable[[], Any]
 def setting(value: str) -> None:
     """FCOLL_SHM for the next calls (every rank switches at the same point)."""
     os.environ["FCOLL_SHM"] = value
-    _runtime.changed()  # read again; fast paths learned under the other value dropped
+    runtime.changed()  # read again; fast paths learned under the other value dropped
 
 
 def raw(op: str, comm: Any, x: np.ndarray) -> Fn:

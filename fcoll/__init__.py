@@ -9,44 +9,54 @@ Example:
     array([10.])
 """
 
-from fcoll import _abort, _autograd, debug, dp, lax
-from fcoll._debug import CollectiveMismatchError
-from fcoll._runtime import abort
+from fcoll import _autograd, debug, dp, lax
+from fcoll.calls.work import CollectiveTimeoutError, Work, wait_all
 from fcoll.collectives import (
+    P2POp,
     all_gather,
     all_gather_into_tensor,
     all_gather_into_tensor_coalesced,
+    all_gather_object,
     all_reduce,
     all_reduce_coalesced,
     all_to_all,
     all_to_all_single,
     barrier,
+    batch_isend_irecv,
     broadcast,
+    broadcast_object,
     exscan,
     gather,
+    gather_object,
     halo_exchange,
+    irecv,
+    isend,
     maxloc,
     minloc,
+    monitored_barrier,
+    permute_tensor,
+    recv,
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
     reduce_scatter_tensor_coalesced,
     scan,
     scatter,
+    scatter_object,
+    send,
     sendrecv,
 )
-from fcoll.group import Group, get_rank, get_world_size, init, is_initialized, new_group, world
-from fcoll.mesh import Mesh
-from fcoll.monitor import monitored_barrier
-from fcoll.objects import all_gather_object, broadcast_object, gather_object, scatter_object
-from fcoll.ops import ReduceOp, premul_sum
-from fcoll.p2p import P2POp, batch_isend_irecv, irecv, isend, permute_tensor, recv, send
-from fcoll.subgroups import new_subgroups, new_subgroups_by_enumeration
-from fcoll.work import CollectiveTimeoutError, Work, wait_all
+from fcoll.diagnostics import excepthook
+from fcoll.groups.detail import CollectiveMismatchError
+from fcoll.groups.group import Group, get_rank, get_world_size, init, is_initialized, new_group, world
+from fcoll.groups.mesh import Mesh
+from fcoll.groups.subgroups import new_subgroups, new_subgroups_by_enumeration
+from fcoll.policy.ops import ReduceOp, premul_sum
+from fcoll.runtime import abort
 
 __version__ = "0.1.0"
 
-_abort.install()  # an exception that ends one rank's script ends the job (FCOLL_ABORT_ON_ERROR)
+excepthook.install()  # an exception that ends one rank's script ends the job (FCOLL_ABORT_ON_ERROR)
 _autograd.install()  # tensors that require grad get a grad_fn (fcoll.torch.autograd)
 
 __all__ = [

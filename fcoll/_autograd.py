@@ -1,4 +1,4 @@
-"""The route from `fcoll.backends.interop` to torch's autograd rules (`fcoll.torch.autograd`).
+"""The route from `fcoll.dispatch.interop` to torch's autograd rules (`fcoll.torch.autograd`).
 
 A call with a torch tensor that requires grad is sent here; `fcoll.torch.autograd` (which
 imports torch) is imported at that first call, when torch is loaded anyway, so importing
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fcoll.backends import interop
+from fcoll.dispatch import interop
 
 
 def route(numpy_fn: Callable[..., Any], fn: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -21,5 +21,5 @@ def route(numpy_fn: Callable[..., Any], fn: str, args: Sequence[Any], kwargs: di
 
 
 def install() -> None:
-    """Make `fcoll.backends.interop` send tensors that require grad to `route`."""
+    """Make `fcoll.dispatch.interop` send tensors that require grad to `route`."""
     interop.on_grad(route)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from fcoll import _runtime, _trace, _trace_report
-from fcoll.group import is_initialized
+from fcoll import runtime
+from fcoll.diagnostics import flight, flight_report
+from fcoll.groups.group import is_initialized
 
 __all__ = ["dump", "record", "trace"]
 
@@ -40,8 +41,8 @@ def dump(timeout: float = 5.0, file: TextIO | None = sys.stderr) -> str:
         True
     """
     if not is_initialized():
-        return _trace_report.local("fcoll.debug.dump() before fcoll started: no calls yet")
-    return _trace_report.collect("fcoll.debug.dump()", timeout, file)
+        return flight_report.local("fcoll.debug.dump() before fcoll started: no calls yet")
+    return flight_report.collect("fcoll.debug.dump()", timeout, file)
 
 
 def record() -> list[tuple[object, ...]]:
@@ -53,7 +54,7 @@ def record() -> list[tuple[object, ...]]:
         >>> fc.all_reduce(np.ones(2)); fc.debug.record()[-1][:3]   # any rank
         ((0, 1), 1, 'all_reduce')
     """
-    return list(_trace_report.snapshot())
+    return list(flight_report.snapshot())
 
 
 def trace(size: int) -> None:
@@ -65,7 +66,7 @@ def trace(size: int) -> None:
     """
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise ValueError(f"trace: expected size to be an int >= 0, got {size!r}")
-    _trace.configure(size)
+    flight.configure(size)
     if size and is_initialized():
-        _trace_report.start(_runtime.mpi().COMM_WORLD)
-    _runtime.changed()  # the fast paths hold the old ring
+        flight_report.start(runtime.mpi().COMM_WORLD)
+    runtime.changed()  # the fast paths hold the old ring

@@ -6,7 +6,7 @@ the leaves in fused messages (one per dtype for reductions, one in all for movem
 Shapes follow JAX: `all_gather` stacks along a new axis unless ``tiled=True``.
 A tree of cupy arrays is reshaped and packed with cupy and stays on its device (over
 NCCL where that is the transport); a tree of JAX arrays or torch tensors gives one of the
-same type back (`fcoll._tree.foreign_leaves`); array types mixed in one tree raise `TypeError`.
+same type back (`fcoll.dispatch.pytrees.foreign_leaves`); array types mixed in one tree raise `TypeError`.
 
 Inside ``jax.jit`` (``grad``, ``vmap``, ``lax.scan``, ``checkpoint``) a tree holding traced
 values becomes one of fcoll's JAX primitives (`fcoll.xla`): differentiable (the gradient of
@@ -29,11 +29,11 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import optree
 
-from fcoll import _axes
-from fcoll._tree import Array, array_module, foreign_leaves
-from fcoll._types import T
-from fcoll.group import Group
-from fcoll.mesh import axis_group
+from fcoll.dispatch.pytrees import Array, array_module, foreign_leaves
+from fcoll.groups.group import Group
+from fcoll.groups.mesh import axis_group
+from fcoll.policy.arrays import T
+from fcoll.xla import semantics
 
 AxisName = str | Sequence[str]
 
@@ -96,7 +96,7 @@ def _reducer(fn: str, op: str) -> Callable[[Any, AxisName], Any]:
     @_named(fn)
     def eager(x: Any, axis_name: AxisName) -> Any:
         leaves, spec, _ = _leaves(x, fn)
-        return optree.tree_unflatten(spec, _axes.reduce(leaves, _group(axis_name, fn), op))
+        return optree.tree_unflatten(spec, semantics.reduce(leaves, _group(axis_name, fn), op))
     return eager
 
 
@@ -179,7 +179,7 @@ def axis_size(axis_name: AxisName) -> int:
 @_named("all_gather")
 def _gather(x: Any, axis_name: AxisName, axis: int, tiled: bool) -> Any:
     leaves, spec, xp = _leaves(x, "all_gather")
-    return optree.tree_unflatten(spec, _axes.all_gather(leaves, _group(axis_name, "all_gather"),
+    return optree.tree_unflatten(spec, semantics.all_gather(leaves, _group(axis_name, "all_gather"),
                                                         axis, tiled, xp))
 
 
@@ -204,7 +204,7 @@ def all_gather(x: T, axis_name: AxisName, *, axis: int = 0, tiled: bool = False)
 def _scatter(x: Any, axis_name: AxisName, dim: int, tiled: bool) -> Any:
     leaves, spec, xp = _leaves(x, "psum_scatter")
     g = _group(axis_name, "psum_scatter")
-    return optree.tree_unflatten(spec, _axes.psum_scatter(leaves, g, dim, tiled, xp))
+    return optree.tree_unflatten(spec, semantics.psum_scatter(leaves, g, dim, tiled, xp))
 
 
 def psum_scatter(x: T, axis_name: AxisName, *, scatter_dimension: int = 0,
@@ -229,7 +229,7 @@ def psum_scatter(x: T, axis_name: AxisName, *, scatter_dimension: int = 0,
 def _to_all(x: Any, axis_name: AxisName, split_axis: int, concat_axis: int, tiled: bool) -> Any:
     leaves, spec, xp = _leaves(x, "all_to_all")
     g = _group(axis_name, "all_to_all")
-    return optree.tree_unflatten(spec, _axes.all_to_all(leaves, g, split_axis, concat_axis, tiled, xp))
+    return optree.tree_unflatten(spec, semantics.all_to_all(leaves, g, split_axis, concat_axis, tiled, xp))
 
 
 def all_to_all(x: T, axis_name: AxisName, split_axis: int, concat_axis: int, *,
@@ -254,7 +254,7 @@ def all_to_all(x: T, axis_name: AxisName, split_axis: int, concat_axis: int, *,
 def _permute(x: Any, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> Any:
     leaves, spec, xp = _leaves(x, "ppermute")
     g = _group(axis_name, "ppermute")
-    return optree.tree_unflatten(spec, _axes.ppermute(leaves, g, _axes.sources(perm, g.size), xp))
+    return optree.tree_unflatten(spec, semantics.ppermute(leaves, g, semantics.sources(perm, g.size), xp))
 
 
 def ppermute(x: T, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> T:
@@ -267,7 +267,7 @@ def ppermute(x: T, axis_name: AxisName, perm: Sequence[tuple[int, int]]) -> T:
         array([0])                                  # on rank 2 (from rank 0); ranks 0, 1 get [0] (zeros)
         array([1])                                  # on rank 3 (from rank 1)
     """
-    src_dst = _axes.sources(perm, _group(axis_name, "ppermute").size)
+    src_dst = semantics.sources(perm, _group(axis_name, "ppermute").size)
     return _transformable("ppermute", "ppermute", lambda t: _permute(t, axis_name, perm),
                           x, axis_name, src_dst=src_dst)
 

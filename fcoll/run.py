@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m fcoll.run script.py [args ...]
 
-``import fcoll`` alone does this for an uncaught exception (`fcoll._abort`, unless
+``import fcoll`` alone does this for an uncaught exception (`fcoll.diagnostics.excepthook`, unless
 ``FCOLL_ABORT_ON_ERROR=0``); this runner also does it in a job of one process, with that
 setting off, and for ``sys.exit`` with a non-zero status. The failing rank prints its
 traceback (prefixed with its rank) and every answering rank's flight record, then calls
@@ -15,8 +15,8 @@ from __future__ import annotations
 import runpy
 import sys
 
-from fcoll import _abort
-from fcoll._runtime import abort
+from fcoll.diagnostics import excepthook
+from fcoll.runtime import abort
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
             abort(exit_.code if isinstance(exit_.code, int) else 1)
         raise
     except BaseException as error:
-        _abort.fail(error, runner="python -m fcoll.run")  # prints it, ends the job
+        excepthook.fail(error, runner="python -m fcoll.run")  # prints it, ends the job
 
 
 if __name__ == "__main__":

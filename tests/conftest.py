@@ -59,9 +59,10 @@ def _jitted_collectives_done() -> Iterator[None]:
 def _gpu_transport_read_afresh() -> None:
     """fcoll reads FCOLL_GPU_TRANSPORT once per process; tests that set it (monkeypatch)
     need it read again, and fast paths learned under another setting dropped."""
-    from fcoll.gpu import fast, settings
+    from fcoll.dispatch import gpu_settings
+    from fcoll.gpu import fast
 
-    settings._SETTING.clear()
+    gpu_settings._SETTING.clear()
     fast.reset()
 
 

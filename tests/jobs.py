@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fcoll._runtime import mpi
+from fcoll.runtime import mpi
 
 BIN = Path(sys.executable).parent
 # Set by MPICH's and Open MPI's launchers for the process they started (this pytest).

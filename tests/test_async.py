@@ -104,7 +104,7 @@ def test_dropped_work_warns_and_still_completes(group):
     assert any(issubclass(w.category, ResourceWarning) and "all_reduce" in str(w.message)
                for w in caught)
     fc.barrier(group.arg)  # completes it; afterwards the group has nothing in flight
-    from fcoll.group import resolve_group
+    from fcoll.groups.group import resolve_group
     g = group.arg if isinstance(group.arg, fc.Group) else resolve_group(group.arg, "t")
     assert g.pending == []
 

@@ -153,10 +153,10 @@ def test_check_rejects_an_unknown_name():
 
 
 def test_gpu_facts_come_from_the_probe(monkeypatch):
-    from fcoll.gpu import probe
+    from fcoll.dispatch import gpu_probe
 
-    monkeypatch.setattr(probe, "gpu_report", lambda: {"cupy": "13.3.0", "NCCL": "2.21.5"})
-    monkeypatch.setattr(probe, "cuda_aware_mpi", lambda: True)
+    monkeypatch.setattr(gpu_probe, "gpu_report", lambda: {"cupy": "13.3.0", "NCCL": "2.21.5"})
+    monkeypatch.setattr(gpu_probe, "cuda_aware_mpi", lambda: True)
     assert _info._gpu_section() == {"cupy": "13.3.0", "NCCL": "2.21.5", "CUDA-aware MPI": "yes"}
 
 
@@ -167,12 +167,12 @@ def test_gpu_section_without_cupy(monkeypatch):
 
 
 def test_a_failing_probe_is_reported_not_raised(monkeypatch):
-    from fcoll.gpu import probe
+    from fcoll.dispatch import gpu_probe
 
     def broken() -> dict[str, str]:
         raise OSError("driver gone")
 
-    monkeypatch.setattr(probe, "gpu_report", broken)
+    monkeypatch.setattr(gpu_probe, "gpu_report", broken)
     assert _info._gpu_section() == {"probe": "failed (OSError: driver gone)"}
 
 

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from fcoll.backends import nccl
 from fcoll.cli import gpu_routes
 from fcoll.cli.gpu_check import report
 from fcoll.cli.gpu_routes import Facts, faster, taken, why
-from fcoll.gpu import nccl, settings
+from fcoll.dispatch import gpu_settings
 from tests import fake_cupy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,18 +114,18 @@ def cupy(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The stand-in in this process (one device per rank), and fcoll looking for it afresh."""
     monkeypatch.setattr(fake_cupy, "_state", fake_cupy._State())
     module = fake_cupy.install(monkeypatch)
-    settings.forget()
+    gpu_settings.forget()
     import fcoll.gpu
 
     fcoll.gpu.use_local_device()  # a device per rank, as NCCL needs
     yield module
-    settings.forget()
+    gpu_settings.forget()
     nccl.forget()
 
 
 @pytest.mark.parametrize("transport", ["auto", "mpi"])
 def test_the_tracer_sees_the_route_a_call_takes(cupy, monkeypatch, transport):
-    monkeypatch.setenv(settings.ENV, transport)
+    monkeypatch.setenv(gpu_settings.ENV, transport)
     from fcoll.gpu import fast
 
     fast.reset()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _runtime
+from fcoll import runtime
 from fcoll.backends import shm
 from tests.helpers import BF16, data, layout_inputs, same_bits, wire
 
@@ -25,13 +25,13 @@ UFUNCS = [np.logaddexp, np.hypot, np.subtract, np.arctan2, np.fmin, np.copysign]
 def transport(request: pytest.FixtureRequest) -> Iterator[str]:
     before = os.environ.get(shm.ENV)
     os.environ[shm.ENV] = request.param
-    _runtime.changed()
+    runtime.changed()
     yield request.param
     if before is None:
         os.environ.pop(shm.ENV, None)
     else:
         os.environ[shm.ENV] = before
-    _runtime.changed()
+    runtime.changed()
 
 
 def _inputs(group, size, dtype, salt=0):
@@ -82,13 +82,13 @@ def test_bit_identical_across_transports_and_sizes(group):
     results = []
     for value in ("0", "1"):
         os.environ[shm.ENV] = value
-        _runtime.changed()
+        runtime.changed()
         results += [fc.all_reduce(x, np.logaddexp, group.arg)[:10],
                     fc.all_reduce(x[:10], np.logaddexp, group.arg),
                     fc.all_reduce_coalesced([np.ones(3, np.float32), x[:10]], np.logaddexp,
                                             group.arg)[1]]
     os.environ.pop(shm.ENV, None)
-    _runtime.changed()
+    runtime.changed()
     assert all(same_bits(a, results[0]) for a in results)
 
 

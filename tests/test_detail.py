@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fcoll as fc
-from fcoll._debug import describe
+from fcoll.groups.detail import describe
 from tests.strategies import CASES, arrays
 
 

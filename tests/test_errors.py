@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _runtime
-from fcoll._calls import member
+from fcoll import runtime
+from fcoll.groups.membership import member
 
 X = np.ones((4, 3))
 BAD_CALLS = [
@@ -112,11 +112,11 @@ def test_reduce_op_enum():
 def test_init_arguments():
     fc.init()  # idempotent
     fc.init(timeout=datetime.timedelta(seconds=30))
-    assert _runtime.settings().timeout == 30.0
+    assert runtime.settings().timeout == 30.0
     fc.init(timeout=None)  # leaves the default deadline as it is
-    assert _runtime.settings().timeout == 30.0
+    assert runtime.settings().timeout == 30.0
     fc.init(timeout=math.inf)  # clears it: later tests run without a default deadline
-    assert _runtime.settings().timeout is None
+    assert runtime.settings().timeout is None
     g = fc.new_group(timeout=math.inf)  # a group that waits forever under a job-wide deadline
     fc.init(timeout=30)
     try:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll._runtime import mpi
+from fcoll.runtime import mpi
 from tests import fake_cupy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _runtime
-from fcoll._plan import reduction_plan
+from fcoll import runtime
 from fcoll.collectives import _fast
 from fcoll.collectives._fold import native_kernel
+from fcoll.policy.plan import reduction_plan
 from tests.helpers import data, reference, same_bits
 
 CALLS = {
@@ -80,7 +80,7 @@ def test_debug_and_deadlines_turn_fast_paths_off(world_size):
         assert fc.all_reduce(x).tolist() == [world_size] * 3
         assert not _fast.ALL_REDUCE
     finally:
-        _runtime._state.timeout = None
+        runtime._state.timeout = None
     fc.all_reduce(x)
     assert _fast.ALL_REDUCE
 
@@ -189,8 +189,8 @@ def test_rank_lists_and_groups_with_deadlines_learn_nothing(world_size):
 def test_with_the_compiled_core_a_repeated_call_is_one_c_call(world_size):
     """Once a group's segment steps in C, its fast path is the core's `Fast`: it counts the
     call, records it in the flight record and returns the same result."""
-    from fcoll import _trace
     from fcoll.backends import native
+    from fcoll.diagnostics import flight
 
     if world_size < 2 or not native.running() or os.environ.get("FCOLL_SHM", "auto") == "0":
         pytest.skip("needs the compiled core and the segment (2 or more ranks)")
@@ -210,7 +210,7 @@ def test_with_the_compiled_core_a_repeated_call_is_one_c_call(world_size):
         seq = g.seq
         third = call()
         assert g.seq == seq + 1 and same_bits(third, second) and same_bits(second, first), name
-        if _trace.RING:
-            entry = _trace.RING.calls[(_trace.RING.pos[0] - 1) & _trace.RING.mask]
+        if flight.RING:
+            entry = flight.RING.calls[(flight.RING.pos[0] - 1) & flight.RING.mask]
             assert entry is not None and entry[1:3] == (g.seq, name), entry
     g.destroy()

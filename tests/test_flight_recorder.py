@@ -1,4 +1,4 @@
-"""The flight recorder (`fcoll.debug`, `fcoll._trace`): each rank's last calls, gathered
+"""The flight recorder (`fcoll.debug`, `fcoll.diagnostics.flight`): each rank's last calls, gathered
 and printed side by side, the first divergence marked."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _runtime, _trace, _trace_report
+from fcoll import runtime
+from fcoll.diagnostics import flight, flight_report
 from fcoll.testing import parallel_assert
 
 
@@ -17,12 +18,12 @@ from fcoll.testing import parallel_assert
 def recording() -> Iterator[None]:
     """The recorder on (64 calls), as a job starts; no default deadline; no fast path
     learned by an earlier test (a first call takes the whole path)."""
-    if not _trace.RING:
+    if not flight.RING:
         pytest.skip("FCOLL_TRACE=0: the recorder is off")
-    _runtime.changed()
+    runtime.changed()
     yield
-    _runtime._state.timeout = None
-    _runtime.changed()
+    runtime._state.timeout = None
+    runtime.changed()
 
 
 def _last(n: int) -> list[tuple[object, ...]]:
@@ -93,7 +94,7 @@ def test_the_report_marks_a_different_op_and_names_ranks_that_do_not_answer() ->
     ar = (world, 1, "all_reduce", "float32[2]", "float32[2]", "completed", 1e-5)
     records = {0: [ar, (world, 2, "all_reduce", "float32[2]", "float32[2]", "sent", 3.0)],
                1: [ar, (world, 2, "broadcast", "int64[2] src=0", "int64[2]", "sent", 3.0)]}
-    text = _trace_report.report(records, [2], "test", 5.0)
+    text = flight_report.report(records, [2], "test", 5.0)
     assert "first difference at call #2: rank 0 made all_reduce float32[2]; rank 1 made broadcast" \
         in text, text
     assert "no answer within 5 s from rank(s) 2" in text
@@ -105,7 +106,7 @@ def test_recording_off_keeps_nothing() -> None:
         fc.all_reduce(np.ones(2))
         assert fc.debug.record() == []
     finally:
-        fc.debug.trace(_trace.DEFAULT)
+        fc.debug.trace(flight.DEFAULT)
     fc.all_reduce(np.ones(2))
     assert fc.debug.record()[-1][2] == "all_reduce"
 
@@ -120,7 +121,7 @@ def test_the_table_names_arguments_as_the_contract_does_in_columns_that_line_up(
     name), state and time, each column starting at the same place on every line."""
     import numpy as np
 
-    from fcoll.ops import ReduceOp
+    from fcoll.policy.ops import ReduceOp
 
     world = ((0, 1), 0)
     fast = (world, 15, "all_reduce", "numpy", (4,), np.dtype("float32"), 1.0)
@@ -128,17 +129,17 @@ def test_the_table_names_arguments_as_the_contract_does_in_columns_that_line_up(
             (("x", (np.ndarray, (4, 2), np.dtype("float32"))), ("gather_dim", 1), ("sizes", None)), 2.0)
     reduce = (world, 15, "all_reduce", (("x", (np.ndarray, (4,), np.dtype("float32"))),
                                         ("op", ReduceOp.SUM)), 1.0)
-    ring = _trace.Ring(8)
+    ring = flight.Ring(8)
     for i, entry in enumerate([fast, full]):
         ring.calls[i], ring.ends[i] = entry, 1.5 if i == 0 else 0.0
     ring.pos[0] = 2
-    saved, _trace.RING = _trace.RING, ring
+    saved, flight.RING = flight.RING, ring
     try:
-        mine = _trace_report.snapshot()
+        mine = flight_report.snapshot()
     finally:
-        _trace.RING = saved
-    other = [(world, 15, "all_reduce", *_trace_report._args(reduce[3]), "completed", 2e-5)]
-    text = _trace_report.report({0: mine, 1: other}, [], "test", 1.0)
+        flight.RING = saved
+    other = [(world, 15, "all_reduce", *flight_report._args(reduce[3]), "completed", 2e-5)]
+    text = flight_report.report({0: mine, 1: other}, [], "test", 1.0)
     lines = text.splitlines()
     assert "x=float32[4, 2] gather_dim=1 sizes=None" in text and "x=float32[4] op=sum" in text, text
     rows = [line for line in lines if line.startswith("  #") or line.startswith("        ")]

@@ -43,7 +43,7 @@ def _transports() -> list[str]:
 
 
 def _local_size() -> int:
-    from fcoll._runtime import mpi
+    from fcoll.runtime import mpi
 
     node = fc.world().comm("test").Split_type(mpi().COMM_TYPE_SHARED)
     try:
@@ -64,7 +64,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     import cupy
 
     if request.param == "nccl":
-        from fcoll.gpu import nccl
+        from fcoll.backends import nccl
 
         if not nccl.available():
             pytest.skip(f"no NCCL: {nccl.why_unavailable()}")

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _dispatch
-from fcoll._plan import V2_10, NcclPlan, nccl_plan
+from fcoll import dispatch
 from fcoll.backends import mpi as host
-from fcoll.gpu import probe as _probe
-from fcoll.gpu import settings, staged
-from fcoll.gpu.nccl import DATATYPES
-from fcoll.ops import NcclOp
+from fcoll.backends import staged
+from fcoll.backends.nccl import DATATYPES
+from fcoll.dispatch import gpu_probe as _probe
+from fcoll.dispatch import gpu_settings
+from fcoll.policy.ops import NcclOp
+from fcoll.policy.plan import V2_10, NcclPlan, nccl_plan
 from tests.helpers import ALL_DTYPES, data, reference
 
 AVG, MAX, MIN, PROD, SUM = NcclOp.AVG, NcclOp.MAX, NcclOp.MIN, NcclOp.PROD, NcclOp.SUM
@@ -39,7 +40,7 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type:
     monkeypatch.setitem(sys.modules, "cupy", module)
     for name in ("cupy.cuda", "cupy.cuda.nccl"):  # a real cupy's (or the stand-in's) hidden
         monkeypatch.setitem(sys.modules, name, None)
-    from fcoll.gpu import nccl
+    from fcoll.backends import nccl
 
     monkeypatch.setattr(nccl, "_FOUND", [])  # a real cupy's NCCL, found earlier, is not this one's
     return FakeCupyArray
@@ -47,14 +48,14 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type:
 
 def test_numpy_arrays_go_to_mpi():
     x = np.ones(3)
-    assert not _dispatch.is_cupy(x) and _dispatch.backend_for(x, None) is host
-    assert _dispatch.device(x, None) is None and _dispatch.device_list([x, x], None, "f", "xs") is None
-    assert not _dispatch.any_cupy([x, x], "f", "xs") and not _dispatch.any_cupy(None, "f", "xs")
+    assert not dispatch.is_cupy(x) and dispatch.backend_for(x, None) is host
+    assert dispatch.device(x, None) is None and dispatch.device_list([x, x], None, "f", "xs") is None
+    assert not dispatch.any_cupy([x, x], "f", "xs") and not dispatch.any_cupy(None, "f", "xs")
 
 
 def test_fake_cupy_array_is_recognised(fake_cupy):
-    assert _dispatch.is_cupy(fake_cupy()) and not _dispatch.is_cupy(np.ones(1))
-    assert _dispatch.any_cupy([fake_cupy(), fake_cupy()], "f", "xs")
+    assert dispatch.is_cupy(fake_cupy()) and not dispatch.is_cupy(np.ones(1))
+    assert dispatch.any_cupy([fake_cupy(), fake_cupy()], "f", "xs")
 
 
 @pytest.mark.parametrize("call", [
@@ -76,40 +77,40 @@ def test_mixing_numpy_and_cupy_raises_naming_the_entry(fake_cupy, call, gpu_firs
                                             ("nccl", "nccl"), (" auto ", "auto")])
 def test_transport_values(monkeypatch, value, expected):
     if value is None:
-        monkeypatch.delenv(_dispatch.ENV, raising=False)
+        monkeypatch.delenv(dispatch.ENV, raising=False)
     else:
-        monkeypatch.setenv(_dispatch.ENV, value)
-    assert _dispatch.transport() == expected
+        monkeypatch.setenv(dispatch.ENV, value)
+    assert dispatch.transport() == expected
 
 
 def test_bad_transport_names_the_variable(monkeypatch):
-    monkeypatch.setenv(_dispatch.ENV, "gloo")
+    monkeypatch.setenv(dispatch.ENV, "gloo")
     with pytest.raises(ValueError, match=r"FCOLL_GPU_TRANSPORT: expected one of .*got 'gloo'"):
-        _dispatch.transport()
+        dispatch.transport()
 
 
 def test_forced_mpi_transport_never_loads_nccl(monkeypatch):
     if "cupy.cuda.nccl" in sys.modules:
         pytest.skip("cupy's NCCL was loaded before this test (a GPU machine, or the stand-in)")
-    monkeypatch.setenv(_dispatch.ENV, "mpi")
+    monkeypatch.setenv(dispatch.ENV, "mpi")
     monkeypatch.setenv(_probe.AWARE_ENV, "0")
-    monkeypatch.setattr(settings, "_AWARE", [])
-    assert _dispatch.gpu_backend() is staged and "cupy.cuda.nccl" not in sys.modules
+    monkeypatch.setattr(gpu_settings, "_AWARE", [])
+    assert dispatch.gpu_backend() is staged and "cupy.cuda.nccl" not in sys.modules
 
 
 def test_cuda_aware_mpi_gets_device_buffers(monkeypatch, fake_cupy):
-    from fcoll.gpu import aware
+    from fcoll.backends import cuda_aware
 
-    monkeypatch.setenv(_dispatch.ENV, "mpi")
-    monkeypatch.setattr(settings, "_AWARE", [True])
-    assert _dispatch.backend_for(fake_cupy(), None) is aware
-    assert _dispatch.device_list([fake_cupy()], None, "f", "xs") is aware
+    monkeypatch.setenv(dispatch.ENV, "mpi")
+    monkeypatch.setattr(gpu_settings, "_AWARE", [True])
+    assert dispatch.backend_for(fake_cupy(), None) is cuda_aware
+    assert dispatch.device_list([fake_cupy()], None, "f", "xs") is cuda_aware
 
 
 def test_nccl_required_but_missing_names_the_variable(monkeypatch, fake_cupy):
-    monkeypatch.setenv(_dispatch.ENV, "nccl")
+    monkeypatch.setenv(dispatch.ENV, "nccl")
     with pytest.raises(RuntimeError, match=r"FCOLL_GPU_TRANSPORT=nccl: expected cupy with NCCL"):
-        _dispatch.backend_for(fake_cupy(), None)
+        dispatch.backend_for(fake_cupy(), None)
 
 
 def test_cuda_aware_probe_does_not_crash(monkeypatch):
@@ -213,7 +214,7 @@ def test_every_routed_function_reaches_the_chosen_backend(monkeypatch, fake_cupy
     from fcoll.gpu import route
 
     chosen, seen = object(), []
-    monkeypatch.setattr(_dispatch, "gpu_backend", lambda group=None: chosen)
+    monkeypatch.setattr(dispatch, "gpu_backend", lambda group=None: chosen)
     monkeypatch.setattr(route, "run", lambda backend, routed, numpy_fn, *args, **kwargs:
                         seen.append((backend, routed, numpy_fn)) or "routed")
     assert ROUTED[name](fake_cupy(), fc.get_world_size()) == "routed"
@@ -224,7 +225,7 @@ def test_scatter_of_device_arrays_reaches_the_chosen_backend(monkeypatch, fake_c
     from fcoll.gpu import route
 
     chosen, seen = object(), []
-    monkeypatch.setattr(_dispatch, "gpu_backend", lambda group=None: chosen)
+    monkeypatch.setattr(dispatch, "gpu_backend", lambda group=None: chosen)
     monkeypatch.setattr(route, "scatter", lambda backend, chunks, src, group, sent_as="":
                         seen.append((backend, len(chunks), src)) or "routed")
     n = fc.get_world_size()
@@ -242,10 +243,11 @@ def test_route_tables_name_only_routed_collectives():
 @pytest.mark.parametrize("answer", ["direct", NotImplemented])
 def test_route_falls_back_to_staging(monkeypatch, answer):
     """A backend's function answers, or says NotImplemented and the call is staged."""
-    from fcoll.gpu import aware, route
+    from fcoll.backends import cuda_aware
+    from fcoll.gpu import route
 
     monkeypatch.setitem(route.AWARE, "broadcast", lambda backend, *args, **kwargs: answer)
     monkeypatch.setattr(route.staged, "run", lambda numpy_fn, *args, **kwargs: ("staged", numpy_fn))
-    got = route.run(aware, "broadcast", fc.broadcast, "x")
+    got = route.run(cuda_aware, "broadcast", fc.broadcast, "x")
     assert got == ("direct" if answer == "direct" else ("staged", fc.broadcast))
     assert route.run(staged, "broadcast", fc.broadcast, "x") == ("staged", fc.broadcast)

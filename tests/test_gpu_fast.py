@@ -31,7 +31,7 @@ def cupy_nccl() -> Iterator[Any]:
     """cupy with NCCL; settings as the job started them (restored after)."""
     import cupy
 
-    from fcoll.gpu import nccl
+    from fcoll.backends import nccl
 
     if not nccl.available():
         pytest.skip(f"no NCCL: {nccl.why_unavailable()}")
@@ -41,11 +41,11 @@ def cupy_nccl() -> Iterator[Any]:
 
 def _settings_as_started() -> None:
     """No default deadline, debug off (``fc.init(timeout=None)`` keeps a deadline set before)."""
-    from fcoll import _runtime
+    from fcoll import runtime
 
-    _runtime._state.timeout = None
+    runtime._state.timeout = None
     fc.init(debug="off")
-    _runtime.changed()
+    runtime.changed()
 
 
 @pytest.fixture
@@ -155,16 +155,16 @@ def shared_gpu(cupy_nccl: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     (destroyed after), with ``FCOLL_GPU_TRANSPORT`` unset (auto)."""
     if fc.get_world_size() < 2:
         pytest.skip("needs two ranks on one GPU")
-    from fcoll import _dispatch
+    from fcoll import dispatch
 
     monkeypatch.delenv("FCOLL_GPU_TRANSPORT", raising=False)
-    _dispatch.forget()
+    dispatch.forget()
     group = fc.world().split(color=0)
     with cupy_nccl.cuda.Device(0):
         yield cupy_nccl, group
     group.destroy()
     monkeypatch.undo()
-    _dispatch.forget()
+    dispatch.forget()
 
 
 def test_auto_uses_mpi_where_ranks_share_a_gpu(shared_gpu: Any) -> None:
@@ -191,9 +191,9 @@ def test_forced_nccl_refuses_ranks_that_share_a_gpu(shared_gpu: Any,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     cp, group = shared_gpu
     monkeypatch.setenv("FCOLL_GPU_TRANSPORT", "nccl")
-    from fcoll import _dispatch
+    from fcoll import dispatch
 
-    _dispatch.forget()
+    dispatch.forget()
     with pytest.raises(RuntimeError, match=r"expected one GPU per rank .*ranks 0 and 1"):
         fc.all_reduce(cp.asarray(np.ones(2, np.float32)), group=group)
 

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str
 @pytest.fixture
 def nccl_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many grouped NCCL exchanges the test made (none where MPI moves the data)."""
-    from fcoll.gpu import nccl
+    from fcoll.backends import nccl
 
     calls: list[int] = []
     real = nccl.exchange

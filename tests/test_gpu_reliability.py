@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _dispatch, _runtime
+from fcoll import dispatch, runtime
 from fcoll.testing import parallel_raises
 from tests.test_gpu import REASON, _local_size
 
@@ -63,25 +63,26 @@ def cp() -> Iterator[Any]:
 
     yield cupy
     fc.init(debug="off")
-    _runtime._state.timeout = None
+    runtime._state.timeout = None
 
 
 def _select(transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``nccl``, ``aware`` (CUDA-aware MPI) or ``staged`` (MPI through host copies)."""
     import cupy
 
-    from fcoll.gpu import nccl, probe
+    from fcoll.backends import nccl
+    from fcoll.dispatch import gpu_probe
 
     if transport == "nccl":
         if not nccl.available():
             pytest.skip(f"no NCCL: {nccl.why_unavailable()}")
         if cupy.cuda.runtime.getDeviceCount() < LOCAL_SIZE:
             pytest.skip("NCCL needs one GPU per rank; more ranks than GPUs on this node")
-    if transport == "aware" and not _fake() and not probe.cuda_aware_mpi():
+    if transport == "aware" and not _fake() and not gpu_probe.cuda_aware_mpi():
         pytest.skip("MPI is not CUDA-aware here")
     monkeypatch.setenv("FCOLL_GPU_TRANSPORT", "nccl" if transport == "nccl" else "mpi")
     monkeypatch.setenv("FCOLL_CUDA_AWARE_MPI", "1" if transport == "aware" else "0")
-    _dispatch.forget()
+    dispatch.forget()
 
 
 @pytest.fixture(params=["nccl", "aware", "staged"])
@@ -89,7 +90,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     _select(request.param, monkeypatch)
     yield str(request.param)
     monkeypatch.undo()
-    _dispatch.forget()
+    dispatch.forget()
 
 
 @pytest.fixture
@@ -97,7 +98,7 @@ def on_nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _select("nccl", monkeypatch)
     yield
     monkeypatch.undo()
-    _dispatch.forget()
+    dispatch.forget()
 
 
 @pytest.fixture
@@ -288,7 +289,7 @@ def test_nccl_deadline_when_a_rank_misses_the_first_call(group, cp, on_nccl, mon
         pytest.skip("needs a rank that does not come")
     if setting == "auto":
         monkeypatch.delenv("FCOLL_GPU_TRANSPORT")
-        _dispatch.forget()
+        dispatch.forget()
     g = fc.new_group(list(group.members), timeout=DEADLINE)
     x = _x(cp, g.size)
     with parallel_raises(fc.CollectiveTimeoutError, group=group.arg,
@@ -303,7 +304,7 @@ def test_the_transport_choice_is_part_of_the_first_call(group, cp, on_nccl, monk
     """Unset FCOLL_GPU_TRANSPORT: the first call on a group also decides its transport; it
     still counts once, so later calls and their errors are numbered as on numpy."""
     monkeypatch.delenv("FCOLL_GPU_TRANSPORT")
-    _dispatch.forget()
+    dispatch.forget()
     g = fc.new_group(list(group.members))
     x = _x(cp, g.size)
     fc.all_reduce(x, group=g)

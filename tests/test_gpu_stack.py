@@ -19,7 +19,7 @@ import pytest
 
 import fcoll as fc
 from fcoll import dp, lax
-from fcoll.gpu import settings
+from fcoll.dispatch import gpu_settings
 from tests import jobs
 from tests.helpers import data
 from tests.test_gpu import REASON, _local_size
@@ -50,7 +50,7 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     stands in); MPI through host copies."""
     cupy = _cupy()
     if request.param == "nccl":
-        from fcoll.gpu import nccl
+        from fcoll.backends import nccl
 
         if not nccl.available():
             pytest.skip(f"no NCCL: {nccl.why_unavailable()}")
@@ -59,12 +59,12 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setenv("FCOLL_GPU_TRANSPORT", "nccl")
         return "nccl"
     if request.param == "aware" and not _fake():
-        from fcoll.gpu.probe import cuda_aware_mpi
+        from fcoll.dispatch.gpu_probe import cuda_aware_mpi
 
         if not cuda_aware_mpi():
             pytest.skip("MPI is not CUDA-aware")
     monkeypatch.setenv("FCOLL_GPU_TRANSPORT", "mpi")
-    monkeypatch.setattr(settings, "_AWARE", [request.param == "aware"])
+    monkeypatch.setattr(gpu_settings, "_AWARE", [request.param == "aware"])
     return str(request.param)
 
 

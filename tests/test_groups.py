@@ -53,7 +53,7 @@ def test_rank_list_groups_are_cached(rank, world_size):
         first = fc.all_reduce(np.array([1]), group=ranks)
         assert first.tolist() == [len(ranks)]
         assert fc.all_reduce(np.array([1]), group=list(reversed(ranks))).tolist() == [len(ranks)]
-        from fcoll.group import resolve_group
+        from fcoll.groups.group import resolve_group
         assert resolve_group(ranks, "t") is resolve_group(tuple(ranks), "t")
     else:
         with pytest.raises(ValueError, match="does not contain"):

@@ -1,6 +1,6 @@
 """torch tensors and JAX arrays (CPU) through the collectives: each call's result equals the
 numpy call's bit for bit, with the input's array type, on three groups at any world size
-(issue 16, first part: `fcoll.backends.interop`)."""
+(issue 16, first part: `fcoll.dispatch.interop`)."""
 
 from __future__ import annotations
 

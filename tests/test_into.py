@@ -12,7 +12,7 @@ import pytest
 import fcoll as fc
 from fcoll.backends import shm
 from fcoll.collectives import _fold, _into
-from fcoll.group import resolve_group
+from fcoll.groups.group import resolve_group
 from tests.conftest import G
 from tests.helpers import ALL_DTYPES, BF16, data, reduce_error, same_bits
 

@@ -15,26 +15,27 @@ pytestmark = pytest.mark.skipif(fc.get_world_size() != 1, reason="reads the sour
 
 PACKAGE = Path(fc.__file__).resolve().parent
 
-# Bottom to top; a module belongs to the first layer with a prefix of its name. A module
-# may import its own layer and the layers below, never one above.
+# Bottom to top, one folder of fcoll/ a layer (docs/design.md opens with the tree). The
+# front ends are the public modules and packages users import beside ``fcoll``; the top
+# level of fcoll/ holds nothing else (`test_the_top_level_holds_the_public_modules`). A
+# module may import its own layer and the layers below, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("runtime", ("fcoll._types", "fcoll._memory", "fcoll._startup", "fcoll._launcher", "fcoll._runtime",
-                 "fcoll._trace", "fcoll._trace_report", "fcoll._board", "fcoll._stall_report", "fcoll._watch",
-                 "fcoll._abort", "fcoll._mpi_errors")),
-    ("operations in flight", ("fcoll.work", "fcoll._fingerprint")),
-    ("transport", ("fcoll.backends", "fcoll.gpu.nccl", "fcoll.gpu.aware", "fcoll.gpu.staged")),
-    ("policy", ("fcoll.ops", "fcoll.dtypes", "fcoll._validate", "fcoll._plan", "fcoll._header")),
-    ("dispatch", ("fcoll.gpu.settings", "fcoll._dispatch", "fcoll.gpu.probe", "fcoll._tree")),
-    ("groups", ("fcoll._meshes", "fcoll.group", "fcoll._calls", "fcoll.mesh", "fcoll.subgroups",
-                "fcoll._debug", "fcoll._halo_axes")),
-    ("GPU collectives", ("fcoll.gpu.events", "fcoll.gpu.fast", "fcoll.gpu.collectives",
-                         "fcoll.gpu.lists", "fcoll.gpu.neighbors", "fcoll.gpu.route")),
-    ("collectives", ("fcoll.collectives", "fcoll.p2p", "fcoll.objects", "fcoll.monitor")),
-    ("on top", ("fcoll.lax", "fcoll._axes", "fcoll.xla", "fcoll.dp", "fcoll.gpu", "fcoll.debug",
-                "fcoll.torch", "fcoll._autograd")),
+    ("runtime", ("fcoll.runtime",)),
+    ("diagnostics", ("fcoll.diagnostics",)),
+    ("calls", ("fcoll.calls",)),
+    ("transports", ("fcoll.backends",)),
+    ("policy", ("fcoll.policy",)),
+    ("dispatch", ("fcoll.dispatch",)),
+    ("groups", ("fcoll.groups",)),
+    ("GPU collectives", ("fcoll.gpu",)),
+    ("collectives", ("fcoll.collectives",)),
+    ("front ends", ("fcoll.lax", "fcoll.xla", "fcoll.dp", "fcoll.torch", "fcoll.debug", "fcoll._autograd")),
     ("public names", ("fcoll.__init__",)),
     ("tooling", ("fcoll.testing", "fcoll.cli", "fcoll.__main__", "fcoll.run")),
 ]
+# The modules at fcoll/'s top level: the public ones, and the bridge to torch's autograd
+# (`fcoll._autograd`: inside fcoll/torch/ it would import torch with fcoll).
+TOP_LEVEL = {"__init__.py", "__main__.py", "run.py", "debug.py", "lax.py", "_autograd.py"}
 
 
 def _module(path: Path) -> str:
@@ -72,7 +73,9 @@ def imports() -> dict[str, set[str]]:
             else:
                 continue
             for target in targets:
-                if target == "fcoll" or not target.startswith("fcoll."):
+                if target == "fcoll":  # `import fcoll`, `from fcoll import Work`: the public names
+                    target = "fcoll.__init__"
+                if not target.startswith("fcoll."):
                     continue
                 module = _resolve(target, known)
                 if module is not None and module != name:
@@ -123,7 +126,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read():
     graph = imports()
     assert "fcoll.backends.mpi" in graph["fcoll.collectives.reductions"]
-    assert "fcoll.work" in graph["fcoll.backends.mpi"]
+    assert "fcoll.calls.work" in graph["fcoll.backends.mpi"]
     assert len(graph) >= 40
 
 
@@ -140,3 +143,59 @@ def test_no_arrow_runs_up():
           for a, targets in sorted(imports().items()) for b in sorted(targets)
           if layer(b) > layer(a)]
     assert up == []
+
+
+def folder(module: str) -> str:
+    """The folder of fcoll/ that holds ``module``; a module of the top level stands alone."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else module
+
+
+def test_each_folder_is_one_layer():
+    layers: dict[str, set[str]] = {}
+    for module in imports():
+        if folder(module) != module or (PACKAGE / module.split(".")[-1]).is_dir():
+            layers.setdefault(folder(module), set()).add(LAYERS[layer(module)][0])
+    assert {f: ls for f, ls in layers.items() if len(ls) > 1} == {}
+    assert len(layers) >= 12
+
+
+def test_the_top_level_holds_the_public_modules():
+    assert {p.name for p in PACKAGE.glob("*.py")} == TOP_LEVEL
+
+
+def test_folders_import_each_other_one_way():
+    folders: dict[str, set[str]] = {}
+    for a, targets in imports().items():
+        folders.setdefault(folder(a), set()).update(folder(b) for b in targets if folder(b) != folder(a))
+    assert circles(folders) == []
+
+
+def depth(graph: dict[str, set[str]]) -> list[str]:
+    """The longest chain of imports, from the module at its top down to one that imports
+    no fcoll module."""
+    memo: dict[str, list[str]] = {}
+
+    def chain(module: str) -> list[str]:
+        if module not in memo:
+            below = [chain(m) for m in sorted(graph[module])]
+            memo[module] = [module, *max(below, key=len, default=[])]
+        return memo[module]
+
+    return max((chain(m) for m in sorted(graph)), key=len)
+
+
+def test_depth_follows_imports():
+    assert depth({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == ["a", "b", "c"]
+
+
+if __name__ == "__main__":  # python tests/test_layers.py: the measures of docs/design.md
+    graph = imports()
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    longest = depth(graph)
+    up = sum(layer(b) > layer(a) for a, targets in graph.items() for b in targets)
+    print(f"modules: {len(graph)}; at fcoll/'s top level: {len(top)} ({', '.join(top)})")
+    print(f"folders: {len(folders)} ({', '.join(folders)})")
+    print(f"import depth: {len(longest)} ({' -> '.join(longest)})")
+    print(f"circles: {len(circles(graph))}; upward arrows: {up}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll._runtime import mpi
+from fcoll.runtime import mpi
 from tests.helpers import ALL_DTYPES, bits, same_bits
 
 # --- sendrecv ---------------------------------------------------------------------------

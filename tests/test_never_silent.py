@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import fcoll as fc
-from fcoll import _abort
+from fcoll.diagnostics import excepthook
 from tests import jobs
 
 pytestmark = pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")
@@ -99,7 +99,7 @@ def test_a_hook_of_the_program_is_kept(tmp_path, when):
 
 def test_the_hook_is_off_under_fcoll_testing():
     """This suite runs under fcoll.testing, which reports failures itself."""
-    assert _abort._STATE["testing"] and not _abort.ends_job(ValueError)
+    assert excepthook._STATE["testing"] and not excepthook.ends_job(ValueError)
 
 
 # -- a rank that ends while others wait -------------------------------------------------
@@ -282,7 +282,7 @@ def test_a_deadline_error_arrives_within_half_a_second(tmp_path, seconds):
 def test_fingerprints_tell_what_the_contract_compares():
     import numpy as np
 
-    from fcoll import _fingerprint as fp
+    from fcoll.calls import fingerprint as fp
 
     f4, i4 = np.dtype("float32"), np.dtype("int32")
     calls = [fp.of("all_reduce", "sum", f4), fp.of("all_reduce", "max", f4),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll.p2p import INLINE_LIMIT
+from fcoll.collectives.p2p import INLINE_LIMIT
 from tests.helpers import ALL_DTYPES, bits, same_bits
 
 SHAPES = [(), (0,), (3, 4), (INLINE_LIMIT // 8 + 5,)]  # the last one travels in two messages

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _runtime
+from fcoll import runtime
 
 
 @pytest.fixture
@@ -84,25 +84,25 @@ def test_info_logs_each_collective(group, caplog):
 
 def test_debug_level_from_environment(monkeypatch):
     monkeypatch.setenv("FCOLL_DEBUG", "DeTaIl")
-    assert _runtime._debug_level(None) == "detail"
+    assert runtime._debug_level(None) == "detail"
     monkeypatch.setenv("FCOLL_DEBUG", "loud")
     with pytest.raises(ValueError, match="FCOLL_DEBUG: expected one of"):
-        _runtime._debug_level(None)
+        runtime._debug_level(None)
 
 
 @pytest.mark.parametrize("launcher", ["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"])
 def test_waiting_ranks_yield_only_when_oversubscribed(monkeypatch, launcher):
-    names = [*_runtime._MPICH_SPINNING, _runtime._OPEN_MPI_YIELD]
+    names = [*runtime._MPICH_SPINNING, runtime._OPEN_MPI_YIELD]
     for name in [*names, "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"]:
         monkeypatch.setenv(name, "")  # so that monkeypatch restores even an unset variable
         monkeypatch.delenv(name)
-    cpus = _runtime._node_cpus()
+    cpus = runtime._node_cpus()
     monkeypatch.setenv(launcher, str(cpus))            # one rank per CPU: leave MPI alone
-    _runtime._yield_when_oversubscribed()
+    runtime._yield_when_oversubscribed()
     assert not any(name in os.environ for name in names)
     monkeypatch.setenv(launcher, str(cpus + 1))
-    monkeypatch.setenv(_runtime._OPEN_MPI_YIELD, "0")  # the user's own choice stands
-    _runtime._yield_when_oversubscribed()
+    monkeypatch.setenv(runtime._OPEN_MPI_YIELD, "0")  # the user's own choice stands
+    runtime._yield_when_oversubscribed()
     assert [os.environ[name] for name in names] == ["mpir"] * 3 + ["0"]
 
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fcoll as fc
-from fcoll import _runtime
+from fcoll import runtime
 from fcoll.backends import shm
 from fcoll.collectives import _fold
 from tests.helpers import (
@@ -38,7 +38,7 @@ def _set_shm(value: str | None) -> None:
         os.environ.pop(shm.ENV, None)
     else:
         os.environ[shm.ENV] = value
-    _runtime.changed()
+    runtime.changed()
 
 
 @pytest.fixture(params=["auto", "0", "1"])

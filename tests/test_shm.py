@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll import _runtime
+from fcoll import runtime
 from fcoll.backends import shm
 from tests import jobs
 from tests.helpers import ALL_DTYPES, BF16, FLOATS, reduce_error, reference, same_bits
@@ -32,7 +32,7 @@ def _set(value: str | None, name: str = shm.ENV) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
-    _runtime.changed()  # re-read at the next call; fast paths learned under it dropped
+    runtime.changed()  # re-read at the next call; fast paths learned under it dropped
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 import fcoll as fc
 from fcoll.backends import shm
-from fcoll.group import resolve_group
+from fcoll.groups.group import resolve_group
 from tests.helpers import ALL_DTYPES, bits, same_bits
 from tests.test_shm import _both, _set, forced  # noqa: F401  (the fixture)
 

@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 
 import fcoll as fc
-from fcoll import _launcher, _memory, _runtime, _startup
+from fcoll import runtime
+from fcoll.runtime import launcher as _launcher
+from fcoll.runtime import memory, mpi_settings
 from tests import jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 spawns = pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own processes")
 LATE = "could not take effect"  # in the import-order warning
-MPICH_VARS = [*_startup.MPICH_SPINNING, _startup.MPICH_THROTTLE]
+MPICH_VARS = [*mpi_settings.MPICH_SPINNING, mpi_settings.MPICH_THROTTLE]
 
 # ---------------------------------------------------------------- launcher environments
 
@@ -124,7 +126,7 @@ def test_launch_settings_and_library_of():
     assert _launcher.launch_settings("Open MPI", root=False) == (["--oversubscribe"], {})
     flags, env = _launcher.launch_settings("Open MPI", root=True)
     assert flags == ["--oversubscribe"] and env == _launcher.OPEN_MPI_ROOT_ENV
-    assert _launcher.library_of() == _launcher.family(str(_runtime.mpi().get_vendor()[0]))
+    assert _launcher.library_of() == _launcher.family(str(runtime.mpi().get_vendor()[0]))
     assert _launcher.library_of(sys.executable + "-missing") == ""
 
 
@@ -134,7 +136,7 @@ class _FakeWorld:
 
 
 class _FakeMPI:
-    """What `_runtime.check_launcher` asks of mpi4py.MPI: a singleton of MPICH."""
+    """What `fcoll.runtime.check_launcher` asks of mpi4py.MPI: a singleton of MPICH."""
 
     COMM_WORLD = _FakeWorld()
     __file__ = "/venv/mpi4py/MPI.so"
@@ -148,10 +150,10 @@ def test_singleton_under_a_launcher_raises_naming_everything(monkeypatch):
     for name in [n for n, _ in (*_launcher.SIZES, *_launcher.RANKS)] + [_launcher.ALLOW_SINGLETON]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(_launcher, "launchers", lambda: {"on PATH": ("/usr/bin/mpiexec", "Open MPI")})
-    _runtime.check_launcher(_FakeMPI)  # no launcher variable: a plain singleton, fine
+    runtime.check_launcher(_FakeMPI)  # no launcher variable: a plain singleton, fine
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     with pytest.raises(RuntimeError) as raised:
-        _runtime.check_launcher(_FakeMPI)
+        runtime.check_launcher(_FakeMPI)
     text = str(raised.value)
     for part in ("init: expected a world of more than 1 process", "OMPI_COMM_WORLD_SIZE=2",
                  "Open MPI's mpiexec", "MPICH Version: 5.0.2", "/usr/bin/mpiexec (Open MPI)",
@@ -159,39 +161,40 @@ def test_singleton_under_a_launcher_raises_naming_everything(monkeypatch):
         assert part in text
     monkeypatch.setenv(_launcher.ALLOW_SINGLETON, "1")
     with pytest.warns(RuntimeWarning, match="OMPI_COMM_WORLD_SIZE=2"):
-        _runtime.check_launcher(_FakeMPI)
+        runtime.check_launcher(_FakeMPI)
 
 
 # ------------------------------------------------------------------- import order, pure
 
 def test_oversubscription_settings_leave_the_users_choice():
-    assert _startup.oversubscription_settings({"MPI_LOCALNRANKS": "2"}, cpus=2) == {}
-    assert _startup.oversubscription_settings({}, cpus=1) == {}
-    settings = _startup.oversubscription_settings(
-        {"MPI_LOCALNRANKS": "4", _startup.OPEN_MPI_YIELD: "0"}, cpus=2)
-    assert settings == {**dict.fromkeys(_startup.MPICH_SPINNING, "mpir"), _startup.MPICH_THROTTLE: "1"}
+    assert mpi_settings.oversubscription_settings({"MPI_LOCALNRANKS": "2"}, cpus=2) == {}
+    assert mpi_settings.oversubscription_settings({}, cpus=1) == {}
+    settings = mpi_settings.oversubscription_settings(
+        {"MPI_LOCALNRANKS": "4", mpi_settings.OPEN_MPI_YIELD: "0"}, cpus=2)
+    assert settings == {**dict.fromkeys(mpi_settings.MPICH_SPINNING, "mpir"),
+                        mpi_settings.MPICH_THROTTLE: "1"}
 
 
 def test_late_settings_name_the_variables_of_the_loaded_library():
     env = {"MPI_LOCALNRANKS": "4", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "0"}  # user's choice
-    late = _startup.late_settings(env, cpus=2, vendor="MPICH", provided="serialized")
-    assert [item.name for item in late] == list(_startup.MPICH_SPINNING)
-    message = _startup.late_warning(late)
+    late = mpi_settings.late_settings(env, cpus=2, vendor="MPICH", provided="serialized")
+    assert [item.name for item in late] == list(mpi_settings.MPICH_SPINNING)
+    message = mpi_settings.late_warning(late)
     assert message is not None and LATE in message and "import fcoll before mpi4py.MPI" in message
-    assert "export " + " ".join(f"{name}=mpir" for name in _startup.MPICH_SPINNING) in message
-    late = _startup.late_settings({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 2, "Open MPI", "multiple")
-    assert [item.name for item in late] == ["thread level", _startup.OPEN_MPI_YIELD]
-    assert _startup.OPEN_MPI_YIELD + "=1" in (_startup.late_warning(late) or "")
+    assert "export " + " ".join(f"{name}=mpir" for name in mpi_settings.MPICH_SPINNING) in message
+    late = mpi_settings.late_settings({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 2, "Open MPI", "multiple")
+    assert [item.name for item in late] == ["thread level", mpi_settings.OPEN_MPI_YIELD]
+    assert mpi_settings.OPEN_MPI_YIELD + "=1" in (mpi_settings.late_warning(late) or "")
 
 
 def test_thread_level_warns_only_when_the_user_asked_for_one():
-    late = _startup.late_settings({}, cpus=2, vendor="MPICH", provided="multiple")
+    late = mpi_settings.late_settings({}, cpus=2, vendor="MPICH", provided="multiple")
     assert [(item.name, item.value, item.matters) for item in late] == [
         ("thread level", "serialized", False)]
-    assert _startup.late_warning(late) is None  # multiple is slower, not wrong: info only
-    assert _startup.late_settings({}, 2, "MPICH", "serialized") == []
-    late = _startup.late_settings({"FCOLL_MPI_THREAD_LEVEL": "funneled"}, 2, "MPICH", "multiple")
-    message = _startup.late_warning(late)
+    assert mpi_settings.late_warning(late) is None  # multiple is slower, not wrong: info only
+    assert mpi_settings.late_settings({}, 2, "MPICH", "serialized") == []
+    late = mpi_settings.late_settings({"FCOLL_MPI_THREAD_LEVEL": "funneled"}, 2, "MPICH", "multiple")
+    message = mpi_settings.late_warning(late)
     assert message is not None and "thread level = funneled" in message
     assert "mpi4py.rc.thread_level = 'funneled'" in message
 
@@ -220,7 +223,7 @@ MPI4PY_FIRST = """\
 from mpi4py import MPI
 import numpy as np
 import fcoll
-from fcoll import _memory
+from fcoll.runtime import memory
 
 def on_heap(array):
     address = array.ctypes.data
@@ -231,7 +234,7 @@ def on_heap(array):
 
 x = np.ones(8 << 20, np.uint8)  # glibc's default: an mmap of its own; tuned: the heap
 total = fcoll.all_reduce(np.array([1]))
-print(f"rank {MPI.COMM_WORLD.rank}: world {total[0]} tuned {_memory.tuned()} heap {on_heap(x)}")
+print(f"rank {MPI.COMM_WORLD.rank}: world {total[0]} tuned {memory.tuned()} heap {on_heap(x)}")
 """
 
 
@@ -252,11 +255,11 @@ if sys.argv[1:] == ["fcoll-first"]:
     import fcoll
 from mpi4py import MPI
 import fcoll, os
-from fcoll import _runtime
+from fcoll import runtime
 from fcoll.cli import info as _info
 fcoll.init()
 section = _info._startup_section(MPI)
-report = {"oversubscribed": _runtime.OVERSUBSCRIBED, "not in effect": section["not in effect"],
+report = {"oversubscribed": runtime.OVERSUBSCRIBED, "not in effect": section["not in effect"],
           "set": sorted(k for k in os.environ if k.startswith(("MPIR_CVAR", "OMPI_MCA")))}
 reports = MPI.COMM_WORLD.gather(report)
 if MPI.COMM_WORLD.rank == 0:
@@ -279,7 +282,7 @@ def test_oversubscribed_mpi4py_first_warns_once_naming_the_variables(tmp_path):
     assert done.stderr.count(LATE) == 2, done.stderr  # once per rank
     warning = next(line for line in done.stderr.splitlines() if LATE in line)
     assert "RuntimeWarning" in warning and "import fcoll before mpi4py.MPI" in warning
-    names = [_startup.OPEN_MPI_YIELD] if jobs.open_mpi() else MPICH_VARS
+    names = [mpi_settings.OPEN_MPI_YIELD] if jobs.open_mpi() else MPICH_VARS
     assert all(f"{name}=" in warning for name in names), warning
     reports = _reports(done.stdout)
     assert [r["oversubscribed"] for r in reports] == [True, True]  # fcoll's own loops yield
@@ -294,7 +297,7 @@ def test_oversubscribed_fcoll_first_does_not_warn(tmp_path):
     assert done.returncode == 0, done.stderr
     assert LATE not in done.stderr and "RuntimeWarning" not in done.stderr, done.stderr
     reports = _reports(done.stdout)
-    names = [_startup.OPEN_MPI_YIELD] if jobs.open_mpi() else MPICH_VARS
+    names = [mpi_settings.OPEN_MPI_YIELD] if jobs.open_mpi() else MPICH_VARS
     assert all(set(names) <= set(map(str, r["set"])) for r in reports)  # fcoll set them in time
     assert [r["not in effect"] for r in reports] == ["nothing", "nothing"]
 
@@ -367,5 +370,5 @@ def test_info_flags_the_mismatch(tmp_path):
 def test_mpi_returns_the_cached_module():
     from mpi4py import MPI
 
-    assert _runtime.mpi() is MPI and _runtime.startup() is not None
-    assert _memory.tuned() == (_memory.status().startswith("applied"))
+    assert runtime.mpi() is MPI and runtime.startup() is not None
+    assert memory.tuned() == (memory.status().startswith("applied"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import fcoll as fc
-from fcoll import _launcher
+from fcoll.runtime import launcher
 from fcoll.testing import TIMEOUT_ENV, markers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,8 +295,8 @@ def test_marker_sizes_and_errors():
 
 
 def test_what_counts_as_a_launcher():
-    assert _launcher.launched({"PMI_SIZE": "1", "PMI_RANK": "0"})  # mpiexec -n 1
-    assert _launcher.launched({"OMPI_COMM_WORLD_SIZE": "1"})
-    assert _launcher.launched({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0"})  # srun -n 1
-    assert not _launcher.launched({"SLURM_STEP_ID": str(0xFFFFFFFB), "SLURM_PROCID": "0"})  # sbatch
-    assert not _launcher.launched({"HOME": "/root", "SLURM_NTASKS": "4"})
+    assert launcher.launched({"PMI_SIZE": "1", "PMI_RANK": "0"})  # mpiexec -n 1
+    assert launcher.launched({"OMPI_COMM_WORLD_SIZE": "1"})
+    assert launcher.launched({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0"})  # srun -n 1
+    assert not launcher.launched({"SLURM_STEP_ID": str(0xFFFFFFFB), "SLURM_PROCID": "0"})  # sbatch
+    assert not launcher.launched({"HOME": "/root", "SLURM_NTASKS": "4"})

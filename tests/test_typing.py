@@ -1,4 +1,4 @@
-"""The public signatures as type checkers see them (fcoll/_types.py): mypy --strict and
+"""The public signatures as type checkers see them (fcoll/policy/arrays.py): mypy --strict and
 pyright (standard mode) both pass tests/typing/check_public_types.py, whose ``assert_type``
 lines infer each result's type from a numpy, torch, JAX or cupy-shaped input and whose
 non-array calls must be rejected (an ignore comment that hides no error is an error).

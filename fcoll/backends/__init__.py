@@ -1,13 +1,13 @@
 """The transport protocol: what a backend offers, whatever memory its buffers live in.
 
 A backend is a module whose functions move C-contiguous buffers of one array kind
-(numpy for `fcoll.backends.mpi`; cupy for `fcoll.gpu.nccl`, `fcoll.gpu.aware` and
-`fcoll.gpu.staged`). Each takes the call in progress first (`fcoll.work.Call`: group,
+(numpy for `fcoll.backends.mpi`; cupy for `fcoll.backends.nccl`, `fcoll.backends.cuda_aware` and
+`fcoll.backends.staged`). Each takes the call in progress first (`fcoll.calls.work.Call`: group,
 communicator, deadline, call number), never validates its arguments and never applies
-dtype policy (`fcoll._plan` does). Reductions allocate and return their result in
-``send``'s dtype, with ``op`` the transport's own op code (``MPI.Op`` or `fcoll.ops.NcclOp`);
+dtype policy (`fcoll.policy.plan` does). Reductions allocate and return their result in
+``send``'s dtype, with ``op`` the transport's own op code (``MPI.Op`` or `fcoll.policy.ops.NcclOp`);
 data movement writes the bytes into the ``out`` the caller allocated and returns it.
-`fcoll._dispatch.backend_for` is the one place that picks a backend for an array.
+`fcoll.dispatch.backend_for` is the one place that picks a backend for an array.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from fcoll.work import Call
+from fcoll.calls.work import Call
 
 
 class Backend(Protocol):
     """The operations every transport implements with these names and signatures.
 
-    ``NAME`` is the backend's name in `fcoll._dispatch` and ``fcoll info``.
+    ``NAME`` is the backend's name in `fcoll.dispatch` and ``fcoll info``.
 
     Example:
-        >>> from fcoll import _dispatch
-        >>> _dispatch.backend_for(np.ones(2)).NAME       # on every rank
+        >>> from fcoll import dispatch
+        >>> dispatch.backend_for(np.ones(2)).NAME       # on every rank
         'mpi'
     """
 

@@ -1,7 +1,7 @@
 /* fcoll's compiled shared-memory step (fcoll.backends._shmcore): one call of all_reduce,
  * reduce_scatter, all_gather, broadcast or scan through a group's segment, in C.
  *
- * The segment is an MPI-3 shared window that mpi4py allocated (fcoll/backends/_segment.py);
+ * The segment is an MPI-3 shared window that mpi4py allocated (fcoll/backends/segment.py);
  * it reaches this module as a writable buffer. Its layout, from the start:
  *
  *   control area: per rank 128 bytes = two 64-byte lines, one per step parity, each written

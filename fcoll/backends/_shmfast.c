@@ -139,7 +139,7 @@ static int Fast_init(Fast *f, PyObject *args, PyObject *kwds) {
     if ((calls != Py_None && (!PyList_Check(calls) || !PyList_Check(ends))) || !PyList_Check(pos) ||
         PyList_GET_SIZE(pos) != 1 || !PyCallable_Check(told) || !PyCallable_Check(clock)) {
         PyErr_SetString(PyExc_TypeError, "_shmcore.Fast: expected a recorder (calls, ends, [pos], "
-                                         "mask, key, clock) of fcoll._trace and a callable told");
+                                         "mask, key, clock) of fcoll.diagnostics.flight and a callable told");
         return -1;
     }
     s.fp = (int64_t)fp;

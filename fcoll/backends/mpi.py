@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._runtime import mpi
-from fcoll.work import Call, wait_request, wait_requests
+from fcoll.calls.work import Call, wait_request, wait_requests
+from fcoll.runtime import mpi
 
 NAME = "mpi"
 MPI = mpi()
 BYTE = MPI.BYTE
 
-# Every function takes the public call in progress (`fcoll.work.Call`, made by
-# `fcoll._calls.member`): its communicator, and its deadline: without one, MPI's blocking
+# Every function takes the public call in progress (`fcoll.calls.work.Call`, made by
+# `fcoll.groups.membership.member`): its communicator, and its deadline: without one, MPI's blocking
 # form; with one, the nonblocking form polled until done or late (`wait_request`). The
 # first operation of a call counts it in the group's call number (`Call.begin`).
 

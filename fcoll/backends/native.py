@@ -4,7 +4,7 @@
 ``fcoll/backends/_shmcore.c``) takes a whole call through a group's segment: copy in,
 publish, wait, compare the fingerprints, fold or copy out. It is optional: without a
 compiler at install time, or with ``FCOLL_NATIVE=0``, the numpy path in `shm` and
-`_segment` does the same steps. Every rank of a job must run the same one (their segments'
+`fcoll.backends.segment` does the same steps. Every rank of a job must run the same one (their segments'
 layouts differ), so `agree` decides it once for the whole job at `fcoll.init`: the core runs
 only where every rank has it and allows it.
 
@@ -90,7 +90,7 @@ def agree(comm: Any) -> bool:
 
 
 def _min() -> Any:
-    from fcoll._runtime import mpi
+    from fcoll.runtime import mpi
 
     return mpi().MIN
 

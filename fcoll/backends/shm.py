@@ -1,7 +1,7 @@
 """The on-node shared-memory transport: reductions through a segment the group's ranks share.
 
 For a group whose ranks all run on one node, an all_reduce goes through the group's
-`fcoll.backends._segment.Segment` in steps of at most ``CHUNK`` bytes per rank: each rank
+`fcoll.backends.segment.Segment` in steps of at most ``CHUNK`` bytes per rank: each rank
 copies its step's bytes into its slot and announces it (one flag), waits for every other
 rank's flag, then folds the slots in group-rank order, ``((s0 op s1) op s2) ...``, straight
 into its new result, reading its own piece from its input rather than its slot
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _runtime
-from fcoll._board import NODE_ENV as NODE_ENV
-from fcoll._board import node_size_setting, split_node
+from fcoll import runtime
 from fcoll.backends import native
-from fcoll.backends._segment import CHUNK, Segment
-from fcoll.work import Call, wait_request
+from fcoll.backends.segment import CHUNK, Segment
+from fcoll.calls.work import Call, wait_request
+from fcoll.diagnostics.board import NODE_ENV as NODE_ENV
+from fcoll.diagnostics.board import node_size_setting, split_node
 
 NAME = "shm"
 ENV = "FCOLL_SHM"
@@ -77,7 +77,7 @@ def forget() -> None:
     _SETTING.clear()
 
 
-_runtime.on_change(forget)
+runtime.on_change(forget)
 
 
 def limit(group: Any, op: str = "all_reduce") -> float:
@@ -133,9 +133,9 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int,
               out: np.ndarray | None = None) -> np.ndarray:
     """Every rank's C-contiguous ``send`` reduced with ``ufunc`` in group-rank order, in a
     new array of its shape and dtype, or into ``out`` (C-contiguous, the same shape and
-    dtype; it may be ``send`` itself). ``fp`` is the call's fingerprint (`fcoll._fingerprint`):
+    dtype; it may be ``send`` itself). ``fp`` is the call's fingerprint (`fcoll.calls.fingerprint`):
     every rank announces it with its element count, and ranks that differ raise
-    `fcoll.work.CollectiveMismatchError` on every rank.
+    `fcoll.calls.work.CollectiveMismatchError` on every rank.
 
     Example:
         >>> allreduce(call, np.array([r + 1.0]), np.add, fp)    # rank r of 3 on one node
@@ -312,7 +312,7 @@ def broadcast(call: Call, x: np.ndarray, root: int, fp: int) -> np.ndarray:
     """Group rank ``root``'s ``x`` (any layout) in a new C-contiguous array on every rank:
     the root copies it into its slot, the others copy it out, in steps of ``CHUNK`` bytes.
     Every rank announces the call's fingerprint ``fp`` (root and dtype included) and its
-    ``x``'s size: ranks that differ raise `fcoll.work.CollectiveMismatchError` on every rank.
+    ``x``'s size: ranks that differ raise `fcoll.calls.work.CollectiveMismatchError` on every rank.
 
     Example:
         >>> broadcast(call, np.array([r]), 1, fp)              # rank r of 2 on one node
@@ -368,7 +368,7 @@ def _step(call: Call, seg: Segment, data: np.ndarray, fp: int, count: int, send:
           ) -> list[np.ndarray]:
     """One step (`Segment.exchange`) for ``data`` (1-D, or one row per block), announcing
     the call's fingerprint ``fp`` and element count ``count`` (every rank raises the same
-    `fcoll.work.CollectiveMismatchError` when they differ). A first step that does not fit
+    `fcoll.calls.work.CollectiveMismatchError` when they differ). A first step that does not fit
     the segment announces first, then every rank grows the segment alike and takes the step.
     ``send=False``: this rank copies nothing in (`Segment.exchange`)."""
     need = data.nbytes

@@ -42,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _info(as_json: bool) -> int:
-    from fcoll._runtime import mpi
     from fcoll.cli.info import collect, render_plain, render_rich
+    from fcoll.runtime import mpi
 
     report = collect()
     if mpi().COMM_WORLD.Get_rank() != 0:

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", action="store_true")
     args = parser.parse_args(argv)
     import fcoll as fc
-    from fcoll._runtime import mpi
+    from fcoll.runtime import mpi
 
     if args.gpu:
         return _gpu()
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 def _gpu() -> int:
     """``--gpu`` (`fcoll.cli.gpu_check`), where every rank can make cupy arrays. No per-call
     deadline (it would change what is timed); the launcher's time limit ends a stuck job."""
-    from fcoll._runtime import mpi
     from fcoll.cli.check_cases import cupy_unavailable
+    from fcoll.runtime import mpi
 
     comm = mpi().COMM_WORLD
     missing = {r: why for r, why in enumerate(comm.allgather(cupy_unavailable())) if why}
@@ -177,13 +177,13 @@ def _gpu() -> int:
 
 def mpiexec(library: str | None = None) -> str:
     """The launcher of MPI ``library`` (default: the one this Python's mpi4py loads):
-    ``$MPIEXEC`` if set, else `fcoll._launcher.pick_launcher` (next to this Python, then on
+    ``$MPIEXEC`` if set, else `fcoll.runtime.launcher.pick_launcher` (next to this Python, then on
     ``PATH``)."""
-    from fcoll import _launcher
+    from fcoll.runtime import launcher
 
     if os.environ.get("MPIEXEC"):
         return os.environ["MPIEXEC"]
-    found = _launcher.pick_launcher(_launcher.library_of() if library is None else library)
+    found = launcher.pick_launcher(launcher.library_of() if library is None else library)
     if not found:
         raise FileNotFoundError("check: expected an mpiexec or mpirun of the MPI that mpi4py "
                                 "loads next to sys.executable, on PATH or in $MPIEXEC, got none")
@@ -192,7 +192,7 @@ def mpiexec(library: str | None = None) -> str:
 
 def launch(n: int, timeout: float, extra: list[str]) -> int:
     """Run the job on ``n`` ranks; its output goes to ours. Returns its exit code."""
-    from fcoll import _launcher
+    from fcoll.runtime import launcher
 
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"check: expected -n to be a positive number of ranks, got {n!r}")
@@ -200,8 +200,8 @@ def launch(n: int, timeout: float, extra: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_CHILD_ENV_DROP)}
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("MPIEXEC_TIMEOUT", str(int(timeout) + 5))
-    library = _launcher.library_of()
-    flags, settings = _launcher.launch_settings(library)
+    library = launcher.library_of()
+    flags, settings = launcher.launch_settings(library)
     env = {**settings, **env}
     per_call = max(1.0, min(30.0, timeout / 2))
     command = [mpiexec(library), *flags, "-n", str(n), sys.executable, "-m", "fcoll.cli.check_job",

@@ -23,23 +23,24 @@ from typing import Any
 import numpy as np
 
 import fcoll as fc
-from fcoll import _launcher
-from fcoll._runtime import mpi
+from fcoll.backends import cuda_aware, nccl, staged
 from fcoll.cli.gpu_routes import ROUTES, Facts, aware_setting, calls, faster, taken, why
-from fcoll.gpu import aware, fast, nccl, probe, route, settings, staged
+from fcoll.dispatch import gpu_probe, gpu_settings
+from fcoll.gpu import fast, route
+from fcoll.runtime import launcher, mpi
 
-_BACKENDS: dict[str, Any] = {"nccl": nccl, "aware": aware, "staged": staged}
+_BACKENDS: dict[str, Any] = {"nccl": nccl, "aware": cuda_aware, "staged": staged}
 _N = 1024  # float32 elements in a round trip
 _REPEAT = 20  # all_reduce calls timed per route
 
 
 def _aware_why() -> str:
-    forced = os.environ.get(probe.AWARE_ENV, "").strip()
+    forced = os.environ.get(gpu_probe.AWARE_ENV, "").strip()
     if forced in ("0", "1"):
-        return f"{probe.AWARE_ENV}={forced}"
+        return f"{gpu_probe.AWARE_ENV}={forced}"
     return {True: "the MPI library says it takes device buffers",
             False: "the MPI library says it does not take device buffers",
-            None: "the MPI library cannot tell; taken as no"}[probe.cuda_aware_mpi()]
+            None: "the MPI library cannot tell; taken as no"}[gpu_probe.cuda_aware_mpi()]
 
 
 def facts(comm: Any) -> Facts:
@@ -58,11 +59,11 @@ def facts(comm: Any) -> Facts:
         by_gpu.setdefault(gpu, []).append(rank)
     shared = [ranks for ranks in by_gpu.values() if len(ranks) > 1]
     code = nccl.version() if nccl.available() else 0
-    return Facts(setting=settings.transport(),
+    return Facts(setting=gpu_settings.transport(),
                  nccl=f"{code // 10000}.{code % 10000 // 100}.{code % 100}" if code else None,
                  nccl_why=nccl.why_unavailable(), shared=nccl.describe(shared) if shared else None,
-                 aware=settings.aware(), aware_why=_aware_why(),
-                 mpi=_launcher.family(str(MPI.get_vendor()[0])) or str(MPI.get_vendor()[0]))
+                 aware=gpu_settings.aware(), aware_why=_aware_why(),
+                 mpi=launcher.family(str(MPI.get_vendor()[0])) or str(MPI.get_vendor()[0]))
 
 
 def _unavailable(way: str, known: Facts) -> str | None:

@@ -1,8 +1,8 @@
 """Which route a public collective takes with cupy arrays, observed, and why (``check --gpu``).
 
 `taken` runs one call of a public collective on small cupy arrays while a profiler notes
-which of fcoll's device transports it entered: `fcoll.gpu.nccl` (or the NCCL fast paths
-of `fcoll.gpu.fast`), `fcoll.gpu.aware` (CUDA-aware MPI) or `fcoll.gpu.staged` (host
+which of fcoll's device transports it entered: `fcoll.backends.nccl` (or the NCCL fast paths
+of `fcoll.gpu.fast`), `fcoll.backends.cuda_aware` (CUDA-aware MPI) or `fcoll.backends.staged` (host
 copies). `why` and `faster` say, from `Facts`, why that route was chosen and which
 setting would give the collective a faster one.
 """
@@ -23,13 +23,14 @@ from fcoll.gpu import route
 
 ROUTES = ("nccl", "aware", "staged")  # fastest first
 NCCL_SERVES = {*route.NCCL, "scatter"}  # scatter goes to NCCL through `route.scatter`
-_GPU = Path(route.__file__).resolve().parent
+_PACKAGE = Path(route.__file__).resolve().parents[1]
 # The functions through which each route moves data (the Backend protocol's, NCCL's grouped
 # and point-to-point ones, the NCCL fast paths' closures, the host copies of staged calls):
 # probes and helpers do not count.
 _MOVING = {"allreduce", "reduce", "reduce_scatter_block", "bcast", "allgather", "alltoall",
            "alltoallv", "exchange", "grouped", "communicator_for", "run", "to_host", "to_device"}
-_FILES = {"nccl": ("nccl.py", "fast.py"), "aware": ("aware.py",), "staged": ("staged.py",)}
+_FILES = {"nccl": ("backends/nccl.py", "gpu/fast.py"), "aware": ("backends/cuda_aware.py",),
+          "staged": ("backends/staged.py",)}
 
 @dataclass(frozen=True)
 class Facts:
@@ -91,8 +92,9 @@ def taken(call: Callable[[], Any]) -> str:
         if event != "call" or frame.f_code.co_name not in _MOVING:
             return
         path = Path(frame.f_code.co_filename)
-        if path.parent == _GPU:
-            entered.update(r for r, files in _FILES.items() if path.name in files)
+        if path.is_relative_to(_PACKAGE):
+            name = path.relative_to(_PACKAGE).as_posix()
+            entered.update(r for r, files in _FILES.items() if name in files)
 
     previous = sys.getprofile()
     sys.setprofile(note)

@@ -2,7 +2,7 @@
 
 `collect` starts MPI the way fcoll does (so the thread level shown is the one fcoll
 gets) and returns sections of ``name -> text``; `render_plain`, `render_rich` and
-``json.dumps`` present them. GPU facts come from `fcoll.gpu.probe`,
+``json.dumps`` present them. GPU facts come from `fcoll.dispatch.gpu_probe`,
 else from a minimal probe that never needs a GPU to succeed.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 Report = dict[str, dict[str, str]]
 
 # Environment variables fcoll reads (all FCOLL_* that are set are shown too), and MPICH
-# and Open MPI settings fcoll may set itself when ranks outnumber cores (fcoll._runtime).
+# and Open MPI settings fcoll may set itself when ranks outnumber cores (fcoll.runtime).
 KNOBS = ("FCOLL_MPI_THREAD_LEVEL", "FCOLL_DEBUG", "FCOLL_MALLOC_TUNING", "FCOLL_GPU_TRANSPORT",
          "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI", "FCOLL_ALLOW_SINGLETON", "FCOLL_TRACE",
          "FCOLL_SHM", "FCOLL_SHM_NODE_SIZE", "FCOLL_NATIVE", "FCOLL_ABORT_ON_ERROR",
@@ -45,7 +45,7 @@ def _cores() -> int:
 def _mpi_section() -> dict[str, str]:
     import mpi4py
 
-    from fcoll._runtime import mpi
+    from fcoll.runtime import mpi
 
     MPI = mpi()
     world = MPI.COMM_WORLD
@@ -69,24 +69,24 @@ def _mpi_section() -> dict[str, str]:
 
 def _launcher_section(MPI: Any) -> dict[str, str]:
     """Which MPI mpi4py loaded, which mpiexec is on PATH (and next to python), and whether
-    they agree; the launcher to use (`fcoll._launcher.pick_launcher`) with its flags and
+    they agree; the launcher to use (`fcoll.runtime.launcher.pick_launcher`) with its flags and
     variables; the job size the launcher announced and whether MPI joined it."""
-    from fcoll import _launcher
+    from fcoll.runtime import launcher
 
-    library = _launcher.family(str(MPI.get_vendor()[0]))
-    facts = {"library loaded": f"{library or 'unknown'} ({_launcher.loaded_library(MPI.__file__)})"}
-    for where, (path, mpi) in _launcher.launchers().items():
+    library = launcher.family(str(MPI.get_vendor()[0]))
+    facts = {"library loaded": f"{library or 'unknown'} ({launcher.loaded_library(MPI.__file__)})"}
+    for where, (path, mpi) in launcher.launchers().items():
         text = f"{path} ({mpi or 'unknown MPI'})" if path else "none"
-        agree = _launcher.agree(mpi, library)
+        agree = launcher.agree(mpi, library)
         if agree is False:
             text += f"  MISMATCH: mpi4py loaded {library}; use the {library} mpiexec"
         facts[f"mpiexec {where}"] = text
-    chosen = _launcher.pick_launcher(library)
-    flags, env = _launcher.launch_settings(library)
+    chosen = launcher.pick_launcher(library)
+    flags, env = launcher.launch_settings(library)
     facts["launch with"] = " ".join([chosen, *flags]) if chosen else f"none found for {library}"
     if env:
         facts["launch env"] = " ".join(f"{name}={value}" for name, value in env.items())
-    announced = _launcher.launcher_world(os.environ)
+    announced = launcher.launcher_world(os.environ)
     size = MPI.COMM_WORLD.Get_size()
     if announced is None:
         facts["launcher says"] = "nothing (not started by a known launcher, or one process)"
@@ -94,21 +94,22 @@ def _launcher_section(MPI: Any) -> dict[str, str]:
         facts["launcher says"] = f"{announced.name}={announced.value} ({announced.setter})"
         if size == 1:
             facts["launcher says"] += ("  MISMATCH: MPI started this process alone (world of 1);"
-                                       f" see fcoll.init's error, {_launcher.ALLOW_SINGLETON}")
+                                       f" see fcoll.init's error, {launcher.ALLOW_SINGLETON}")
     return facts
 
 
 def _startup_section(MPI: Any) -> dict[str, str]:
     """Who started MPI, the malloc tuning, and what fcoll could not set (mpi4py.MPI first)."""
-    from fcoll import _memory, _runtime
+    from fcoll import runtime
+    from fcoll.runtime import memory
 
-    facts = _runtime.startup()
+    facts = runtime.startup()
     if facts is None:
         return {"MPI started by": "not yet"}
     shown = {
         "MPI started by": ("fcoll (imported before mpi4py.MPI)" if facts.by_fcoll
                            else "the program (mpi4py.MPI imported before fcoll)"),
-        "malloc tuning": _memory.status(),
+        "malloc tuning": memory.status(),
         "thread level": (f"{_THREAD_NAMES[MPI.Query_thread()]} "
                          f"(fcoll asks for {facts.requested})"),
     }
@@ -119,8 +120,8 @@ def _startup_section(MPI: Any) -> dict[str, str]:
 
 
 def _transport() -> str:
-    """The backend cupy arrays take here (`fcoll._dispatch.gpu_backend`), or why none."""
-    from fcoll._dispatch import gpu_backend
+    """The backend cupy arrays take here (`fcoll.dispatch.gpu_backend`), or why none."""
+    from fcoll.dispatch import gpu_backend
 
     try:
         return gpu_backend().NAME
@@ -129,10 +130,10 @@ def _transport() -> str:
 
 
 def _gpu_section() -> dict[str, str]:
-    from fcoll.gpu import probe
+    from fcoll.dispatch import gpu_probe
 
     try:
-        facts, aware = probe.gpu_report(), probe.cuda_aware_mpi()
+        facts, aware = gpu_probe.gpu_report(), gpu_probe.cuda_aware_mpi()
     except Exception as error:
         return {"probe": f"failed ({type(error).__name__}: {error})"}
     facts = {str(k): str(v) for k, v in facts.items()}
@@ -174,7 +175,7 @@ def collect() -> Report:
         "ml_dtypes": _version("ml_dtypes"),
         "platform": platform.platform(),
     }
-    from fcoll._runtime import mpi
+    from fcoll.runtime import mpi
 
     MPI = mpi()
     return {"versions": versions, "mpi": _mpi_section(), "launcher": _launcher_section(MPI),

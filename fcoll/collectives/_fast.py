@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fcoll import _fingerprint, _runtime, _trace
-from fcoll._fingerprint import of as fingerprint
+from fcoll import runtime
+from fcoll.calls import fingerprint as _fingerprint
+from fcoll.calls.fingerprint import of as fingerprint
+from fcoll.calls.work import fast_eligible as eligible
 from fcoll.collectives import _fast_native as _native
-from fcoll.work import fast_eligible as eligible
+from fcoll.diagnostics import flight
 
 if TYPE_CHECKING:
-    from fcoll.group import Group
+    from fcoll.groups.group import Group
 
 Fast = Callable[[np.ndarray], "np.ndarray | None"]
 # keys: `key` (the default group's ``(op, dtype)``, ``dtype`` or ``(root, dtype)``, or
@@ -51,7 +53,7 @@ def reset() -> None:
         table.clear()
 
 
-_runtime.on_change(reset)  # fcoll.init and broken groups drop every fast path
+runtime.on_change(reset)  # fcoll.init and broken groups drop every fast path
 
 
 def key(group: Any, base: Any) -> Any:
@@ -65,7 +67,7 @@ def key(group: Any, base: Any) -> Any:
     """
     if group is None:
         return base
-    from fcoll.group import Group
+    from fcoll.groups.group import Group
 
     return (group, base) if type(group) is Group else None
 
@@ -106,7 +108,7 @@ def learn_reduction(table: dict[Any, Fast], key: Any, g: Group, plan: Any, share
         table[key] = _native.all_reduce(g, shared, core, mpi)
 
 
-def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..., np.ndarray],
+def segment_call(g: Any, recorder: flight.Recorder, name: str, step: Callable[..., np.ndarray],
                  x: np.ndarray, *args: Any) -> np.ndarray | None:
     """A fast path's call through ``g``'s on-node segment in one ``step`` (a
     `fcoll.backends.shm` ``*_step`` function), recorded as the closures record; None while
@@ -115,7 +117,7 @@ def segment_call(g: Any, recorder: _trace.Recorder, name: str, step: Callable[..
     its 50 ns are noise.
 
     Example:
-        >>> segment_call(g, _trace.recorder(g.key), "all_reduce", shm.allreduce_step, x, np.add, fp)
+        >>> segment_call(g, flight.recorder(g.key), "all_reduce", shm.allreduce_step, x, np.add, fp)
     """
     seg = g.shm
     if not seg or x.nbytes > seg.capacity:
@@ -139,9 +141,9 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, fp: 
     """MPI's all_reduce below ``shared`` bytes; from there on-node shared memory
     (`fcoll.backends.shm`) in one step once the group's segment exists and holds the
     message, else the full path (which makes or grows the segment, or takes several steps).
-    ``fp``: the call's fingerprint, announced through the segment (`fcoll._fingerprint`)."""
+    ``fp``: the call's fingerprint, announced through the segment (`fcoll.calls.fingerprint`)."""
     comm, empty = g._comm, np.empty
-    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = recorder = flight.recorder(g.key)
     from fcoll.backends.shm import allreduce_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
@@ -171,7 +173,7 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, 
     the full path); from there on-node shared memory in one step once the group's segment
     exists and holds the message (``native``: through the compiled core), else the full path."""
     comm, empty, n = g._comm, np.empty, g.size
-    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = recorder = flight.recorder(g.key)
     from fcoll.backends.shm import reduce_scatter_step as step
 
     def run(x: np.ndarray) -> np.ndarray | None:
@@ -208,7 +210,7 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
     compiled core."""
     comm, empty, n = g._comm, np.empty, g.size
     fp = fingerprint("all_gather_into_tensor", "", dtype) if dtype is not None else 0
-    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = recorder = flight.recorder(g.key)
     lo, hi = shared
     from fcoll.backends.shm import allgather_step as step
 
@@ -243,7 +245,7 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
 
 def all_to_all(g: Any, byte: Any) -> Fast:
     comm, empty, n = g._comm, np.empty, g.size
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
@@ -272,7 +274,7 @@ def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, 
     (``dtype``: the arrays' dtype, for the segment's fingerprint)."""
     comm, empty, is_root = g._comm, np.empty, g.rank == root
     fp = fingerprint("broadcast", "", dtype, root) if dtype is not None else 0
-    calls, ends, pos, mask, ranks, clock = recorder = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = recorder = flight.recorder(g.key)
     lo, hi = shared
     from fcoll.backends.mpi import PIPELINE_BYTES as pipeline
     from fcoll.backends.shm import broadcast_step as step

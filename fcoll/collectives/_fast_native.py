@@ -17,18 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _fingerprint, _trace
 from fcoll.backends.native import module
+from fcoll.calls import fingerprint
+from fcoll.diagnostics import flight
 
 Fast = Callable[[np.ndarray], "np.ndarray | None"]
 NO_FOLD = (0, 0, 0, 1.0)  # (type, op, flags, factor) of the calls that do not reduce
 
 
 def told(g: Any, name: str, step: int) -> BaseException:
-    """The core's Mismatch at ``step`` as `fcoll.work.CollectiveMismatchError` (every rank
+    """The core's Mismatch at ``step`` as `fcoll.calls.work.CollectiveMismatchError` (every rank
     alike)."""
     g.call.fn = name
-    return _fingerprint.mismatch(name, g.ranks, g.shm.announced(step))
+    return fingerprint.mismatch(name, g.ranks, g.shm.announced(step))
 
 
 def swapper(table: dict[Any, Fast], key: Any, g: Any, kind: str, name: str, fp: int,
@@ -48,7 +49,7 @@ def swapper(table: dict[Any, Fast], key: Any, g: Any, kind: str, name: str, fp: 
     bound = -1 if limit == float("inf") else int(limit)
 
     def swap() -> None:
-        table[key] = core.Fast(code, *fold, root, fp, g, name, _trace.recorder(g.key),
+        table[key] = core.Fast(code, *fold, root, fp, g, name, flight.recorder(g.key),
                                partial(told, g, name), bound)
 
     return swap
@@ -75,7 +76,7 @@ def call(g: Any, name: str, method: str, *args: Any, swap: Callable[[], None] | 
     ``core.<method>(x, *args)`` (the segment made and holding ``x``; None otherwise),
     recorded as the others record: reduce_scatter, all_gather, broadcast and scan.
     ``swap`` (`swapper`): called once the segment steps in C."""
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
     mismatch = module().Mismatch
 
     def run(x: np.ndarray) -> Any:

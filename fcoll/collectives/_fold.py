@@ -9,7 +9,7 @@ bit-identical whether its array travels alone or fused with others, and equal to
 sequential numpy reduction of the ranks' inputs.
 
 This module also makes the choice between MPI's op and the fold (`allreduce`, `reduce`,
-`reduce_scatter` carry out a `fcoll._plan.ReductionPlan`: ``plan.ufunc`` None means MPI's
+`reduce_scatter` carry out a `fcoll.policy.plan.ReductionPlan`: ``plan.ufunc`` None means MPI's
 op reduces, else the fold does).
 
 Two ways to fold, both with that same per-element order:
@@ -24,13 +24,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fcoll._dispatch import on_node
-from fcoll._fingerprint import kind_bits
-from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
 from fcoll.backends import native
-from fcoll.ops import ReduceOp
-from fcoll.work import Call
+from fcoll.calls.fingerprint import kind_bits
+from fcoll.calls.work import Call
+from fcoll.dispatch import on_node
+from fcoll.policy.ops import ReduceOp
+from fcoll.policy.plan import ReductionPlan
 
 # Per-rank bytes up to which gathering everything beats exchanging blocks (bench/).
 GATHER_LIMIT = 32 << 10
@@ -72,7 +72,7 @@ def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray, out: np.ndarray | 
               ) -> np.ndarray:
     """Every rank's ``x`` (the call's data in its own dtype, any layout) reduced, finished (the
     result of the call, ``x``'s shape): through on-node shared memory where
-    `fcoll._dispatch.on_node` says so (always folded in rank order; in C where the core runs),
+    `fcoll.dispatch.on_node` says so (always folded in rank order; in C where the core runs),
     else MPI. Given ``out`` (C-contiguous, ``x``'s shape and dtype, possibly ``x`` itself),
     the result is written there: by the transport where its output is the result (the
     compiled core; a plan whose wire is ``x``'s own data), else copied."""
@@ -111,7 +111,7 @@ def reduce_scatter(call: Call, plan: ReductionPlan, x: np.ndarray, counts: Seque
                    ) -> np.ndarray:
     """Block ``rank`` (``counts[rank]`` elements) of the reduction of the blocks of ``x`` (the
     call's data in its own dtype, blocks one after another, any layout), finished and flat:
-    through on-node shared memory where the blocks are equal and `fcoll._dispatch.on_node`
+    through on-node shared memory where the blocks are equal and `fcoll.dispatch.on_node`
     says so."""
     if counts.count(counts[0]) == len(counts) and \
             (shared := on_node(call, x.nbytes, "reduce_scatter")) is not None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _trace
-from fcoll.p2p import BYTE, HALO_TAG, MPI
-from fcoll.work import Call, backoff, timed_out
+from fcoll.calls.work import Call, backoff, timed_out
+from fcoll.collectives.p2p import BYTE, HALO_TAG, MPI
+from fcoll.diagnostics import flight
 
 UP, DOWN = HALO_TAG, HALO_TAG + 1  # data moving to the next rank along the axis, the previous
 KEPT = 256
@@ -99,7 +99,7 @@ def _wait(requests: list[Any], statuses: list[Any], call: Call) -> None:
     pause, started = 1e-5, time.monotonic()
     while not MPI.Request.Testall(requests, statuses):
         if time.monotonic() - call.start > call.seconds:
-            _trace.fail(call.slot)
+            flight.fail(call.slot)
             raise timed_out(call.fn, call.group, call.seconds, call.group.seq)
         pause = backoff(started, pause)
     call.end()

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._dispatch import on_node, shm_limit
-from fcoll._fingerprint import of as fingerprint
-from fcoll._plan import reduction_plan
-from fcoll._validate import check_array, check_divisible, check_rank
 from fcoll.backends import mpi as backend
+from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.collectives import _fold
 from fcoll.collectives.movement import allgather
-from fcoll.group import Group
-from fcoll.ops import Op
+from fcoll.dispatch import on_node, shm_limit
+from fcoll.groups import detail
+from fcoll.groups.group import Group
+from fcoll.groups.membership import member
+from fcoll.policy.ops import Op
+from fcoll.policy.plan import reduction_plan
+from fcoll.policy.validate import check_array, check_divisible, check_rank
 
 
 def _writable(out: np.ndarray, fn: str, nbytes: int) -> np.ndarray:
@@ -54,7 +54,7 @@ def all_reduce(x: np.ndarray, out: np.ndarray, op: Op, group: Group | None) -> N
         array([3.])
     """
     g, call = member(group, "all_reduce")
-    with _debug.checked(g, call, "all_reduce", x=x, op=op):
+    with detail.checked(g, call, "all_reduce", x=x, op=op):
         plan = reduction_plan(x, op, g, "all_reduce")
         _writable(out, "all_reduce", x.nbytes)
     if x.shape != out.shape:
@@ -77,7 +77,7 @@ def reduce_scatter(x: np.ndarray, out: np.ndarray, op: Op, group: Group | None) 
     """
     fn = "reduce_scatter_tensor"
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x, op=op, scatter_dim=0):
+    with detail.checked(g, call, fn, x=x, op=op, scatter_dim=0):
         plan = reduction_plan(x, op, g, fn)
         check_divisible(x.shape, 0, g.size, fn, "x.shape[0]")
         _writable(out, fn, x.nbytes // g.size)
@@ -100,7 +100,7 @@ def all_gather(x: np.ndarray, out: np.ndarray, group: Group | None) -> None:
     """
     fn = "all_gather_into_tensor"
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x, gather_dim=0, sizes=None):
+    with detail.checked(g, call, fn, x=x, gather_dim=0, sizes=None):
         check_array(x, fn)
         _writable(out, fn, x.nbytes * g.size)
     data = x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)
@@ -118,7 +118,7 @@ def broadcast(buf: np.ndarray, src: int, group: Group | None) -> None:
         array([1])
     """
     g, call = member(group, "broadcast")
-    with _debug.checked(g, call, "broadcast", x=buf, src=src):
+    with detail.checked(g, call, "broadcast", x=buf, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(buf, "broadcast")
         _writable(buf, "broadcast", buf.nbytes)
@@ -140,7 +140,7 @@ def all_to_all(x: np.ndarray, out: np.ndarray, group: Group | None) -> None:
     """
     fn = "all_to_all_single"
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x, output_split_sizes=None, input_split_sizes=None):
+    with detail.checked(g, call, fn, x=x, output_split_sizes=None, input_split_sizes=None):
         check_array(x, fn)
         check_divisible(x.shape if x.ndim else (1,), 0, g.size, fn, "x.shape[0]")
         _writable(out, fn, x.nbytes)

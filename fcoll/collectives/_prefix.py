@@ -3,7 +3,7 @@
 folded in group-rank order, ``((x0 op x1) op x2) ...``, whatever the transport and size:
 
 - MPI's ``Scan``/``Exscan`` where MPI's own op is exact in any order (integers, bool, and a
-  sum or product on two ranks: `fcoll._plan`); the total by ``Allreduce``;
+  sum or product on two ranks: `fcoll.policy.plan`); the total by ``Allreduce``;
 - else fcoll's fold. Up to `fcoll.collectives._fold.GATHER_LIMIT` bytes per rank every
   rank all-gathers every input and folds rows 0..r. Above it the data is cut into ``n``
   blocks: an all-to-all gives rank r block r of every rank, rank r folds the ``n``
@@ -12,7 +12,7 @@ folded in group-rank order, ``((x0 op x1) op x2) ...``, whatever the transport a
   a reduce-scatter and all-gather move;
 - on one node, where the compiled core runs (`fcoll.backends.native`), through the group's
   segment: one step per MiB per rank (``Core.scan``; the total is a second step, as an
-  all_reduce), in the all_reduce's size window (`fcoll._dispatch.on_node`).
+  all_reduce), in the all_reduce's size window (`fcoll.dispatch.on_node`).
 
 ``async_op=True`` all-gathers (or posts ``Iscan``/``Iexscan``) and folds when it completes.
 """
@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._dispatch import on_node
-from fcoll._fingerprint import kind_bits
-from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
 from fcoll.backends import native, shm
+from fcoll.calls.fingerprint import kind_bits
+from fcoll.calls.work import Call, Work
 from fcoll.collectives._fold import GATHER_LIMIT, blocks, native_kernel
 from fcoll.collectives.nonblocking import launch, private
-from fcoll.group import Group
-from fcoll.work import Call, Work
+from fcoll.dispatch import on_node
+from fcoll.groups.group import Group
+from fcoll.policy.plan import ReductionPlan
 
 Pair = tuple[np.ndarray | None, np.ndarray | None]  # (prefix, total)
 

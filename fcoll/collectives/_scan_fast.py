@@ -15,17 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _runtime, _trace
-from fcoll._fingerprint import kind_bits
-from fcoll._plan import ReductionPlan
+from fcoll import runtime
 from fcoll.backends import native
+from fcoll.calls.fingerprint import kind_bits
+from fcoll.calls.work import fast_eligible
 from fcoll.collectives._fast import Fast
 from fcoll.collectives._fast_native import call as native_call
 from fcoll.collectives._fold import native_kernel
-from fcoll.work import fast_eligible
+from fcoll.diagnostics import flight
+from fcoll.policy.plan import ReductionPlan
 
 SCAN: dict[Any, Fast] = {}  # key -> closure
-_runtime.on_change(SCAN.clear)
+runtime.on_change(SCAN.clear)
 
 
 def learn(key: Any, fn: str, g: Any, plan: ReductionPlan, fill: Any, segment: bool) -> None:
@@ -62,7 +63,7 @@ def _filled(run: Callable[[np.ndarray], Any], fill: Any) -> Fast:
 def _mpi(g: Any, fn: str, mpi_op: Any, exclusive: bool) -> Fast:
     """MPI's ``Scan`` (``Exscan``) into a new array, recorded as the fast paths record."""
     method = g._comm.Exscan if exclusive else g._comm.Scan
-    calls, ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if not x.flags.c_contiguous:

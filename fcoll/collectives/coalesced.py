@@ -12,17 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._dispatch import device_list
-from fcoll._plan import reduction_plan
-from fcoll._types import A
-from fcoll._validate import check_array, check_divisible
 from fcoll.collectives import _fold, movement
-from fcoll.dtypes import as_bytes
+from fcoll.dispatch import device_list
 from fcoll.gpu import route
-from fcoll.group import GroupArg
-from fcoll.ops import Op
+from fcoll.groups import detail
+from fcoll.groups.group import GroupArg
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A
+from fcoll.policy.dtypes import as_bytes
+from fcoll.policy.ops import Op
+from fcoll.policy.plan import reduction_plan
+from fcoll.policy.validate import check_array, check_divisible
 
 
 def _checked(xs: object, fn: str) -> list[np.ndarray]:
@@ -66,7 +66,7 @@ def all_reduce_coalesced(xs: Sequence[A], op: Op = "sum", group: GroupArg = None
     if (on := device_list(xs, group, fn, "xs")) is not None:
         return route.run(on, fn, all_reduce_coalesced, xs, op, group=group)
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, xs=xs, op=op):
+    with detail.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
         plans = {x.dtype: reduction_plan(x, op, g, fn) for x in arrays}
 
@@ -92,7 +92,7 @@ def all_gather_into_tensor_coalesced(xs: Sequence[A], group: GroupArg = None) ->
     if (on := device_list(xs, group, fn, "xs")) is not None:
         return route.run(on, fn, all_gather_into_tensor_coalesced, xs, group=group)
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, xs=xs):
+    with detail.checked(g, call, fn, xs=xs):
         arrays = [x.reshape(1) if x.ndim == 0 else x for x in _checked(xs, fn)]
     if not arrays:
         return []
@@ -120,7 +120,7 @@ def reduce_scatter_tensor_coalesced(xs: Sequence[A], op: Op = "sum", group: Grou
         return route.run(on, fn, reduce_scatter_tensor_coalesced, xs, op, group=group)
     g, call = member(group, fn)
     n = g.size
-    with _debug.checked(g, call, fn, xs=xs, op=op):
+    with detail.checked(g, call, fn, xs=xs, op=op):
         arrays = _checked(xs, fn)
         for i, x in enumerate(arrays):
             check_divisible(x.shape, 0, n, fn, f"xs[{i}].shape[0]")

@@ -13,17 +13,16 @@ from typing import Any, overload
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._dispatch import INTEROP, device, device_list, gpu_backend
-from fcoll._types import A
-from fcoll._validate import check_array, check_arrays, check_rank, one_dtype
-from fcoll.backends import interop
 from fcoll.backends import mpi as backend
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
-from fcoll.dtypes import as_bytes, dtype_from_name
+from fcoll.dispatch import INTEROP, device, device_list, gpu_backend, interop
 from fcoll.gpu import route
-from fcoll.group import GroupArg
+from fcoll.groups import detail
+from fcoll.groups.group import GroupArg
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A
+from fcoll.policy.dtypes import as_bytes, dtype_from_name
+from fcoll.policy.validate import check_array, check_arrays, check_rank, one_dtype
 
 
 def _meta(x: np.ndarray) -> tuple[tuple[int, ...], str]:
@@ -42,7 +41,7 @@ def all_gather(x: A, group: GroupArg = None) -> list[A]:
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, fn, all_gather, x, group=group)
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x):
+    with detail.checked(g, call, fn, x=x):
         array = check_array(x, fn)
     meta = backend.allgather_obj(call, _meta(array))
     dtype = one_dtype([d for _, d in meta], fn)
@@ -64,7 +63,7 @@ def gather(x: A, dst: int = 0, group: GroupArg = None) -> list[A] | None:
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, fn, gather, x, dst, group=group)
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x, dst=dst):
+    with detail.checked(g, call, fn, x=x, dst=dst):
         root = check_rank(dst, g.size, fn, "dst")
         array = check_array(x, fn)
     meta = backend.allgather_obj(call, _meta(array))
@@ -82,7 +81,7 @@ def scatter(chunks: Sequence[A], src: int = ..., group: GroupArg = ...) -> A: ..
 def scatter(chunks: None, src: int = ..., group: GroupArg = ...) -> Any: ...
 
 
-def scatter(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def scatter(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     chunks: Sequence[np.ndarray] | None, src: int = 0, group: GroupArg = None
 ) -> np.ndarray:
     """Rank ``r`` gets ``chunks[r]`` of group rank ``src``; other ranks pass ``None``.
@@ -109,7 +108,7 @@ def _scatter(chunks: Sequence[np.ndarray] | None, src: int, group: GroupArg,
             return interop.run(as_kind, fn, chunks, src, group)  # type: ignore[no-any-return]
         return route.scatter(on, chunks, src, group, sent_as)  # type: ignore[no-any-return]
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, src=src):
+    with detail.checked(g, call, fn, src=src):
         root = check_rank(src, g.size, fn, "src")
         if g.rank != root and chunks is not None:
             raise ValueError(f"{fn}: expected chunks=None on ranks other than src={root}, "
@@ -151,7 +150,7 @@ def all_to_all(chunks: Sequence[A], group: GroupArg = None) -> list[A]:
     if (on := device_list(chunks, group, fn, "chunks")) is not None:
         return route.run(on, fn, all_to_all, chunks, group=group)
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, chunks=chunks):
+    with detail.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
     meta = backend.allgather_obj(call, [_meta(a) for a in arrays])
     dtype = one_dtype([row[0][1] for row in meta], fn)

@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._calls import member
-from fcoll._dispatch import INTEROP, device, is_cupy
-from fcoll._types import A
-from fcoll._validate import check_array
 from fcoll.collectives.reductions import all_reduce
-from fcoll.dtypes import check_dtype, check_op
+from fcoll.dispatch import INTEROP, device, is_cupy
 from fcoll.gpu import route
-from fcoll.group import GroupArg
-from fcoll.ops import ReduceOp
+from fcoll.groups.group import GroupArg
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A
+from fcoll.policy.dtypes import check_dtype, check_op
+from fcoll.policy.ops import ReduceOp
+from fcoll.policy.validate import check_array
 
 
 def _located(fn: str, op: ReduceOp, x: Any, group: GroupArg) -> tuple[Any, Any]:

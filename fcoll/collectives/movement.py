@@ -11,12 +11,21 @@ from typing import Literal, overload
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._dispatch import device, on_node, shm_range
-from fcoll._fingerprint import of as fingerprint
-from fcoll._types import A
-from fcoll._validate import (
+from fcoll.backends import mpi as backend
+from fcoll.backends import native
+from fcoll.calls.fingerprint import of as fingerprint
+from fcoll.calls.work import Call, Work, complete_pending
+from fcoll.collectives import _fast
+from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
+from fcoll.collectives.nonblocking import launch, private
+from fcoll.dispatch import device, on_node, shm_range
+from fcoll.gpu import fast as gpu_fast
+from fcoll.gpu import route
+from fcoll.groups import detail
+from fcoll.groups.group import Group, GroupArg
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A
+from fcoll.policy.validate import (
     check_array,
     check_dim,
     check_rank,
@@ -25,15 +34,6 @@ from fcoll._validate import (
     sizes_problem,
     split_problem,
 )
-from fcoll.backends import mpi as backend
-from fcoll.backends import native
-from fcoll.collectives import _fast
-from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
-from fcoll.collectives.nonblocking import launch, private
-from fcoll.gpu import fast as gpu_fast
-from fcoll.gpu import route
-from fcoll.group import Group, GroupArg
-from fcoll.work import Call, Work, complete_pending
 
 
 @overload
@@ -42,7 +42,7 @@ def broadcast(x: A, src: int = ..., group: GroupArg = ..., *, async_op: Literal[
 def broadcast(x: A, src: int = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work[A]: ...
 
 
-def broadcast(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def broadcast(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray, src: int = 0, group: GroupArg = None, *, async_op: bool = False
 ) -> np.ndarray | Work[np.ndarray]:
     """Every rank gets group rank ``src``'s ``x`` (a new array on every rank, ``src`` too).
@@ -70,7 +70,7 @@ def broadcast(  # type: ignore[misc]  # the numpy path (fcoll._types)
         return route.run(  # type: ignore[no-any-return]
             on, "broadcast", broadcast, x, src, group=group, async_op=async_op)
     g, call = member(group, "broadcast")
-    with _debug.checked(g, call, "broadcast", x=x, src=src):
+    with detail.checked(g, call, "broadcast", x=x, src=src):
         root = check_rank(src, g.size, "broadcast", "src")
         check_array(x, "broadcast")
     if not async_op and type(src) is int:
@@ -98,7 +98,7 @@ def barrier(group: GroupArg = None) -> None:
         >>> fc.barrier()      # every rank; returns once all have arrived
     """
     g, call = member(group, "barrier")
-    with _debug.checked(g, call, "barrier"):
+    with detail.checked(g, call, "barrier"):
         pass
     complete_pending(call)
     backend.barrier(call)
@@ -149,7 +149,7 @@ def all_gather_into_tensor(
 ) -> Work[A]: ...
 
 
-def all_gather_into_tensor(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def all_gather_into_tensor(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray,
     group: GroupArg = None,
     *,
@@ -188,7 +188,7 @@ def all_gather_into_tensor(  # type: ignore[misc]  # the numpy path (fcoll._type
         return route.run(on, fn, all_gather_into_tensor, x, group=group,  # type: ignore[no-any-return]
                          gather_dim=gather_dim, sizes=sizes, async_op=async_op)
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x, gather_dim=gather_dim, sizes=sizes):
+    with detail.checked(g, call, fn, x=x, gather_dim=gather_dim, sizes=sizes):
         check_array(x, fn)
         flat = x.reshape(1) if x.ndim == 0 else x
         dim = check_dim(flat, gather_dim, fn, "gather_dim")
@@ -214,7 +214,7 @@ def all_gather_into_tensor(  # type: ignore[misc]  # the numpy path (fcoll._type
 
 def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The blocking all-gather of C-contiguous ``send`` into ``out`` (C-contiguous, ``n``
-    times ``send``'s bytes): on-node shared memory where `fcoll._dispatch.on_node` says so,
+    times ``send``'s bytes): on-node shared memory where `fcoll.dispatch.on_node` says so,
     else MPI. `all_gather_into_tensor` and its coalesced form call it."""
     if (shared := on_node(call, send.nbytes, "all_gather")) is not None:
         fp = fingerprint("all_gather_into_tensor", "", send.dtype)
@@ -263,7 +263,7 @@ def all_to_all_single(
 ) -> Work[A]: ...
 
 
-def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
@@ -302,7 +302,7 @@ def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll._types)
                          input_split_sizes, group=group, async_op=async_op)
     g, call = member(group, fn)
     n = g.size
-    with _debug.checked(g, call, fn, x=x, output_split_sizes=output_split_sizes,
+    with detail.checked(g, call, fn, x=x, output_split_sizes=output_split_sizes,
                         input_split_sizes=input_split_sizes):
         ins, outs = _splits(x, output_split_sizes, input_split_sizes, n)
     if output_split_sizes is None and input_split_sizes is None:  # the common case

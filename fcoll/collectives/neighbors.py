@@ -1,6 +1,6 @@
 """Neighbours: `sendrecv` (MPI's ``Sendrecv``) and `halo_exchange` over a `fcoll.Mesh`.
 
-`sendrecv` uses `fcoll.p2p`'s messages (a header with the shape and dtype, the data inside
+`sendrecv` uses `fcoll.collectives.p2p`'s messages (a header with the shape and dtype, the data inside
 it up to ``INLINE_LIMIT`` bytes, else in a second message), so it pairs with `fcoll.send`,
 `fcoll.isend` and `fcoll.recv` on the same tag: its sends start at once, its receive probes
 for the header and takes a message of any size.
@@ -21,20 +21,21 @@ from typing import Any, overload
 
 import numpy as np
 
-from fcoll import _debug, _runtime
-from fcoll._calls import member
-from fcoll._dispatch import device
-from fcoll._halo_axes import axes, check_faces
-from fcoll._header import INLINE, SEPARATE, header, inline, parse
-from fcoll._types import A, ArrayProtocol
-from fcoll._validate import check_array, check_rank
+from fcoll import runtime
+from fcoll.calls.work import Call, wait_requests
 from fcoll.collectives import _halo
 from fcoll.collectives._common import c_order
+from fcoll.collectives.p2p import BYTE, INLINE_LIMIT, MPI, _probe_message, _tag
+from fcoll.dispatch import device
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg
-from fcoll.mesh import Mesh
-from fcoll.p2p import BYTE, INLINE_LIMIT, MPI, _probe_message, _tag
-from fcoll.work import Call, wait_requests
+from fcoll.groups import detail
+from fcoll.groups.group import Group, GroupArg
+from fcoll.groups.halo_axes import axes, check_faces
+from fcoll.groups.membership import member
+from fcoll.groups.mesh import Mesh
+from fcoll.policy.arrays import A, ArrayProtocol
+from fcoll.policy.header import INLINE, SEPARATE, header, inline, parse
+from fcoll.policy.validate import check_array, check_rank
 
 
 def _peer(peer: object, size: int, fn: str, name: str) -> int:
@@ -57,7 +58,7 @@ def sendrecv(x: None, dst: int | None, src: int | None, group: GroupArg = ..., *
              tag: int = ...) -> Any: ...
 
 
-def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray | None, dst: int | None, src: int | None, group: GroupArg = None, *, tag: int = 0
 ) -> Any:
     """Send ``x`` to group rank ``dst`` and return the array received from group rank ``src``
@@ -81,13 +82,13 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll._types)
     tag = tag if type(tag) is int and 0 <= tag < 1024 else _tag(tag, fn)
     if dst is not None or x is not None:
         x = check_array(x, fn)
-    if _debug.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
-        _debug.log.info("rank %s: sendrecv dst=%s src=%s x=%s", g.rank, dst, src, _debug.describe(x))
+    if detail.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
+        detail.log.info("rank %s: sendrecv dst=%s src=%s x=%s", g.rank, dst, src, detail.describe(x))
     return _sendrecv(call, x if dst is not None else None, to, source, 2 * tag)
 
 
 def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) -> Any:
-    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.p2p`): the
+    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.collectives.p2p`): the
     sends start, then the receive probes for the header (any size: `fcoll.isend` sends
     large arrays inline too), as `fcoll.recv` does. Not counted in the group's call
     numbers, as `fcoll.send` and `fcoll.recv` are not: only some ranks make it."""
@@ -140,7 +141,7 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
         return route.run(  # type: ignore[no-any-return]  # the caller's array type
             on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
     key = _key(x, mesh, width, dims, periodic) if type(x) is np.ndarray else None
-    steps = None if key is None or _runtime._state.checking else _STEPS.get(key)
+    steps = None if key is None or runtime._state.checking else _STEPS.get(key)
     if steps is None:
         steps = _steps(x, mesh, width, dims, periodic)
         if key is not None:
@@ -156,7 +157,7 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
 Step = tuple[Group, int, int, "int | None", "int | None"]  # axis group, dim, width, src, dst
 KEPT = 64
 _STEPS: dict[tuple[Any, ...], list[Step]] = {}  # a call's steps, by its arguments
-_runtime.on_change(_STEPS.clear)
+runtime.on_change(_STEPS.clear)
 
 
 def _key(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: object
@@ -178,7 +179,7 @@ def _steps(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: 
     """The checked call's exchanges, one per mesh axis that has a neighbour and a width."""
     fn = "halo_exchange"
     g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)
-    with _debug.checked(g, call, fn, dtype=str(getattr(x, "dtype", None)),
+    with detail.checked(g, call, fn, dtype=str(getattr(x, "dtype", None)),
                         ndim=getattr(x, "ndim", None), width=width, dims=dims, periodic=periodic):
         split = axes(x, mesh, width, dims, periodic)
     check_faces(call, x, mesh, split)

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._plan import ReductionPlan
 from fcoll.backends import mpi as backend
+from fcoll.calls.work import Call, Operation, RequestOperation, Work
 from fcoll.collectives._fold import GATHER_LIMIT, blocks, fold
-from fcoll.group import Group
-from fcoll.work import Call, Operation, RequestOperation, Work
+from fcoll.groups.group import Group
+from fcoll.policy.plan import ReductionPlan
 
 
 def private(buf: np.ndarray, x: np.ndarray) -> np.ndarray:

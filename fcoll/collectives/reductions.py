@@ -11,19 +11,19 @@ from typing import Literal, overload
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._dispatch import device, device_list, shm_limit
-from fcoll._plan import reduction_plan
-from fcoll._types import A
-from fcoll._validate import check_arrays, check_dim, check_divisible, check_rank
 from fcoll.backends import mpi as backend
+from fcoll.calls.work import Work
 from fcoll.collectives import _fast, _fold, nonblocking
+from fcoll.dispatch import device, device_list, shm_limit
 from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg
-from fcoll.ops import Op
-from fcoll.work import Work
+from fcoll.groups import detail
+from fcoll.groups.group import Group, GroupArg
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A
+from fcoll.policy.ops import Op
+from fcoll.policy.plan import reduction_plan
+from fcoll.policy.validate import check_arrays, check_dim, check_divisible, check_rank
 
 
 @overload
@@ -32,7 +32,7 @@ def all_reduce(x: A, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[F
 def all_reduce(x: A, op: Op = ..., group: GroupArg = ..., *, async_op: Literal[True]) -> Work[A]: ...
 
 
-def all_reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def all_reduce(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, async_op: bool = False
 ) -> np.ndarray | Work[np.ndarray]:
     """Reduce ``x`` elementwise over every rank of ``group``; every rank gets the result.
@@ -67,7 +67,7 @@ def all_reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
         return route.run(  # type: ignore[no-any-return]
             on, "all_reduce", all_reduce, x, op, group=group, async_op=async_op)
     g, call = member(group, "all_reduce")
-    with _debug.checked(g, call, "all_reduce", x=x, op=op):
+    with detail.checked(g, call, "all_reduce", x=x, op=op):
         plan = reduction_plan(x, op, g, "all_reduce")
     if async_op:
         return nonblocking.all_reduce(call, g, plan, x)
@@ -90,7 +90,7 @@ def reduce(
 ) -> Work[A | None]: ...
 
 
-def reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def reduce(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray,
     dst: int = 0,
     op: Op = "sum",
@@ -109,7 +109,7 @@ def reduce(  # type: ignore[misc]  # the numpy path (fcoll._types)
         return route.run(
             on, "reduce", reduce, x, dst, op, group=group, async_op=async_op)
     g, call = member(group, "reduce")
-    with _debug.checked(g, call, "reduce", x=x, dst=dst, op=op):
+    with detail.checked(g, call, "reduce", x=x, dst=dst, op=op):
         root = check_rank(dst, g.size, "reduce", "dst")
         plan = reduction_plan(x, op, g, "reduce")
     if async_op:
@@ -134,7 +134,7 @@ def reduce_scatter_tensor(
 ) -> Work[A]: ...
 
 
-def reduce_scatter_tensor(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def reduce_scatter_tensor(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray,
     op: Op = "sum",
     group: GroupArg = None,
@@ -171,7 +171,7 @@ def reduce_scatter_tensor(  # type: ignore[misc]  # the numpy path (fcoll._types
     fn = "reduce_scatter_tensor"
     g, call = member(group, fn)
     n = g.size
-    with _debug.checked(g, call, fn, x=x, op=op, scatter_dim=scatter_dim):
+    with detail.checked(g, call, fn, x=x, op=op, scatter_dim=scatter_dim):
         plan = reduction_plan(x, op, g, fn)
         dim = check_dim(x, scatter_dim, fn, "scatter_dim")
         check_divisible(x.shape, dim, n, fn, f"x.shape[{scatter_dim}]")
@@ -205,7 +205,7 @@ def reduce_scatter(chunks: Sequence[A], op: Op = "sum", group: GroupArg = None) 
             on, "reduce_scatter", reduce_scatter, chunks, op, group=group)
     fn = "reduce_scatter"
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, chunks=chunks, op=op):
+    with detail.checked(g, call, fn, chunks=chunks, op=op):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
         plan = reduction_plan(arrays[0], op, g, fn)
     flat = np.concatenate([a.reshape(-1) for a in arrays])

@@ -14,17 +14,17 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._dispatch import device
-from fcoll._plan import ReductionPlan, reduction_plan
-from fcoll._types import A
+from fcoll.calls.work import Work
 from fcoll.collectives import _fast, _prefix, _scan_fast
-from fcoll.dtypes import identity
+from fcoll.dispatch import device
 from fcoll.gpu import route
-from fcoll.group import Group, GroupArg
-from fcoll.ops import Op, PremulSum, ReduceOp, resolve_op
-from fcoll.work import Work
+from fcoll.groups import detail
+from fcoll.groups.group import Group, GroupArg
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A
+from fcoll.policy.dtypes import identity
+from fcoll.policy.ops import Op, PremulSum, ReduceOp, resolve_op
+from fcoll.policy.plan import ReductionPlan, reduction_plan
 
 Named = ReduceOp | str  # an op with an identity (a ufunc may have none)
 
@@ -59,7 +59,7 @@ def _prefix_call(fn: str, x: np.ndarray, op: Op, group: GroupArg, with_total: bo
                  async_op: bool) -> Any:
     """`scan` or `exscan` (``fn``) on a numpy ``x``."""
     g, call = member(group, fn)
-    with _debug.checked(g, call, fn, x=x, op=op, with_total=with_total):
+    with detail.checked(g, call, fn, x=x, op=op, with_total=with_total):
         plan = _plan(x, op, g, fn)
         if type(with_total) is not bool:
             raise TypeError(f"{fn}: expected with_total to be a bool, got {type(with_total).__name__}")
@@ -98,7 +98,7 @@ def scan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: bool = ...,
          async_op: Literal[True]) -> Work[A | tuple[A, A]]: ...
 
 
-def scan(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def scan(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: bool = False,
     async_op: bool = False,
 ) -> Any:
@@ -153,7 +153,7 @@ def exscan(x: A, op: Op = ..., group: GroupArg = ..., *, with_total: bool = ...,
            async_op: Literal[True]) -> Work[A | tuple[A | None, A] | None]: ...
 
 
-def exscan(  # type: ignore[misc]  # the numpy path (fcoll._types)
+def exscan(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     x: np.ndarray, op: Op = "sum", group: GroupArg = None, *, with_total: bool = False,
     async_op: bool = False,
 ) -> Any:

@@ -24,17 +24,17 @@ import ml_dtypes
 import numpy as np
 import optree
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._plan import reduction_plan
-from fcoll._tree import Array, array_module, back, foreign_leaves, kind, native_leaves, path_name
-from fcoll._types import A, T
-from fcoll.backends import interop
+from fcoll.calls.work import Work
 from fcoll.collectives import all_reduce, nonblocking
+from fcoll.dispatch import interop
+from fcoll.dispatch.pytrees import Array, array_module, back, foreign_leaves, kind, native_leaves, path_name
 from fcoll.dp.buckets import Bucket, Buckets, Done
 from fcoll.dp.join import Joiner
-from fcoll.group import GroupArg, resolve_group
-from fcoll.work import Work
+from fcoll.groups import detail
+from fcoll.groups.group import GroupArg, resolve_group
+from fcoll.groups.membership import member
+from fcoll.policy.arrays import A, T
+from fcoll.policy.plan import reduction_plan
 
 Hook = Callable[[Array, GroupArg], "Work[Array] | Array"]
 
@@ -60,7 +60,7 @@ def _reduce_owned(bucket: Array, group: GroupArg, op: str) -> Work[Array]:
     if type(bucket) is not np.ndarray:
         return all_reduce(bucket, op, group, async_op=True)
     g, call = member(group, "all_reduce")
-    with _debug.checked(g, call, "all_reduce", x=bucket, op=op):
+    with detail.checked(g, call, "all_reduce", x=bucket, op=op):
         plan = reduction_plan(bucket, op, g, "all_reduce")
     return nonblocking.all_reduce(call, g, plan, bucket, owned=True)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from fcoll._tree import Array
-from fcoll.group import Group
-from fcoll.work import Operation, Work
+from fcoll.calls.work import Operation, Work
+from fcoll.dispatch.pytrees import Array
+from fcoll.groups.group import Group
 
 
 class Bucket:

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._dispatch import is_cupy
-from fcoll._tree import Array
 from fcoll.collectives import all_gather_into_tensor
-from fcoll.group import GroupArg, resolve_group
-from fcoll.objects import broadcast_object
+from fcoll.collectives.objects import broadcast_object
+from fcoll.dispatch import is_cupy
+from fcoll.dispatch.pytrees import Array
+from fcoll.groups.group import GroupArg, resolve_group
 
 Template = list[tuple[tuple[int, ...], np.dtype[Any]]]
 

@@ -11,12 +11,12 @@ from typing import Any, cast
 import numpy as np
 import optree
 
-from fcoll._dispatch import is_cupy
-from fcoll._tree import array_module, foreign_leaves, pack, path_name, unpack
-from fcoll._types import T
 from fcoll.collectives import all_reduce_coalesced, broadcast
-from fcoll.group import GroupArg
-from fcoll.objects import all_gather_object
+from fcoll.collectives.objects import all_gather_object
+from fcoll.dispatch import is_cupy
+from fcoll.dispatch.pytrees import array_module, foreign_leaves, pack, path_name, unpack
+from fcoll.groups.group import GroupArg
+from fcoll.policy.arrays import T
 
 
 @foreign_leaves

@@ -1,10 +1,11 @@
 """fcoll on GPUs: cupy arrays over NCCL, CUDA-aware MPI, or MPI through host memory.
 
-The public helper is `use_local_device`. The package holds the whole GPU path:
-the device transports (`nccl`, `aware`, `staged`, each a `fcoll.backends.Backend`), the
-collectives written over them (`collectives`, `lists`), the table that routes a public
-collective to them (`route`) and what this process can do (`probe`). Importing it does
-not import cupy (nor anything else: submodules load when used).
+The public helper is `use_local_device`. The package holds the collectives written over a
+device transport (`collectives`, `lists`, `neighbors`; the transports themselves,
+`fcoll.backends.nccl`, `cuda_aware` and `staged`, sit with the host ones), the table that
+routes a public collective to them (`route`), NCCL's fast paths (`fast`) and async `Work`
+on CUDA events (`events`). Importing it does not import cupy (nor anything else:
+submodules load when used).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def use_local_device() -> int:
     """
     import cupy
 
-    from fcoll.gpu import nccl
-    from fcoll.group import world
+    from fcoll.backends import nccl
+    from fcoll.groups.group import world
 
     device = nccl.local_device(world().comm("use_local_device"))
     cupy.cuda.Device(device).use()

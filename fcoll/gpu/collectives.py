@@ -1,14 +1,14 @@
 """The single-array collectives on cupy arrays, written once over a device `Backend`.
 
-``backend`` is the one `fcoll._dispatch.backend_for` chose: `fcoll.gpu.nccl` (work
+``backend`` is the one `fcoll.dispatch.backend_for` chose: `fcoll.backends.nccl` (work
 enqueued on cupy's current stream, no host sync: the result is a new cupy array valid in
-stream order, as with torch's NCCL backend) or `fcoll.gpu.aware` (CUDA-aware MPI after a
+stream order, as with torch's NCCL backend) or `fcoll.backends.cuda_aware` (CUDA-aware MPI after a
 stream sync). ``async_op=True`` returns a `Work` whose ``wait()`` makes the current
 stream wait on a CUDA event. Shapes travel first over MPI where they may differ between
 ranks (the numpy path's checks), the data then as raw bytes, so data movement is
-bit-exact for every dtype. NCCL reductions follow `fcoll._plan.nccl_plan`; on MPI only
+bit-exact for every dtype. NCCL reductions follow `fcoll.policy.plan.nccl_plan`; on MPI only
 what MPI's own op reduces goes as it is (``NotImplemented`` sends the rest through
-`fcoll.gpu.staged`, where fcoll's rank-order fold runs).
+`fcoll.backends.staged`, where fcoll's rank-order fold runs).
 """
 
 from __future__ import annotations
@@ -18,9 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._calls import member
-from fcoll._plan import NcclPlan, nccl_plan, reduction_plan
-from fcoll._validate import (
+from fcoll.backends import Backend, nccl
+from fcoll.backends import mpi as host
+from fcoll.calls.work import Call
+from fcoll.gpu import fast
+from fcoll.gpu.events import event_work
+from fcoll.groups.group import Group
+from fcoll.groups.membership import member
+from fcoll.policy.dtypes import check_dtype
+from fcoll.policy.plan import NcclPlan, nccl_plan, reduction_plan
+from fcoll.policy.validate import (
     check_count,
     check_dim,
     check_divisible,
@@ -31,13 +38,6 @@ from fcoll._validate import (
     sizes_problem,
     split_problem,
 )
-from fcoll.backends import Backend
-from fcoll.backends import mpi as host
-from fcoll.dtypes import check_dtype
-from fcoll.gpu import fast, nccl
-from fcoll.gpu.events import event_work
-from fcoll.group import Group
-from fcoll.work import Call
 
 
 def cp() -> Any:

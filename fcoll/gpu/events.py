@@ -1,4 +1,4 @@
-"""Async handles for GPU work: a `fcoll.work.Work` over a CUDA event recorded after the work
+"""Async handles for GPU work: a `fcoll.calls.work.Work` over a CUDA event recorded after the work
 enqueued on the current stream (``async_op=True`` on the NCCL path)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fcoll.gpu import nccl
-from fcoll.work import Operation, Work, backoff, timed_out
+from fcoll.backends import nccl
+from fcoll.calls.work import Operation, Work, backoff, timed_out
 
 
 class EventOperation(Operation):
@@ -32,8 +32,8 @@ class EventOperation(Operation):
 
         With a ``timeout`` (``Work.wait(timeout=...)``, or a default deadline), the host
         polls the event instead, as a blocking call under a deadline does
-        (`fcoll.gpu.nccl.wait`): past the timeout it aborts the group's NCCL communicator
-        and raises `fcoll.work.CollectiveTimeoutError`."""
+        (`fcoll.backends.nccl.wait`): past the timeout it aborts the group's NCCL communicator
+        and raises `fcoll.calls.work.CollectiveTimeoutError`."""
         if not self.done:
             import cupy
 

@@ -2,8 +2,8 @@
 array on the communicator's device whose (op, dtype) the default group has already served.
 
 The first such call goes the whole way (`fcoll.gpu.route`, `fcoll.gpu.collectives`: choose
-the backend, check, plan); when NCCL takes the data as it is (`fcoll._plan.NcclPlan.native`)
-and nothing could change the outcome (`fcoll.work.fast_eligible`: no deadline, no debug
+the backend, check, plan); when NCCL takes the data as it is (`fcoll.policy.plan.NcclPlan.native`)
+and nothing could change the outcome (`fcoll.calls.work.fast_eligible`: no deadline, no debug
 checks), it leaves a closure here. Later calls find it with one dict lookup in the public
 function and go straight to NCCL: allocate the result (``cupy.ndarray(shape, dtype)``, the
 cheapest correct allocation measured) and enqueue one NCCL call on the current stream. No
@@ -23,8 +23,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fcoll import _runtime, _trace
-from fcoll.work import fast_eligible
+from fcoll import runtime
+from fcoll.calls.work import fast_eligible
+from fcoll.diagnostics import flight
 
 Fast = Callable[[Any], Any]
 ARRAY: list[type] = []  # cupy.ndarray, once a closure exists (public functions test against it)
@@ -43,7 +44,7 @@ def reset() -> None:
         table.clear()
 
 
-_runtime.on_change(reset)
+runtime.on_change(reset)
 
 
 def learn(table: dict[Any, Fast], key: Any, g: Any, make: Callable[..., Fast], *args: Any) -> None:
@@ -54,7 +55,7 @@ def learn(table: dict[Any, Fast], key: Any, g: Any, make: Callable[..., Fast], *
     Example:
         >>> learn(ALL_REDUCE, ("sum", x.dtype), g, all_reduce, code, op)   # after a full call
     """
-    if key not in table and g is _runtime._state.world and fast_eligible(g) and g.nccl is not None:
+    if key not in table and g is runtime._state.world and fast_eligible(g) and g.nccl is not None:
         if not ARRAY:
             ARRAY.append(sys.modules["cupy"].ndarray)
         table[key] = make(g, *args)
@@ -69,7 +70,7 @@ def _parts(g: Any) -> tuple[Any, int, Any, Any, Any]:
 def all_reduce(g: Any, code: int, op: int) -> Fast:
     """``fc.all_reduce(x, op)``: ``ncclAllReduce`` into a fresh array."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = flight.recorder(g.key)
 
     def run(x: Any) -> Any:
         if type(x) is not nd or not x._c_contiguous or x.data.device_id != dev or current() != dev:
@@ -90,7 +91,7 @@ def all_reduce(g: Any, code: int, op: int) -> Fast:
 def reduce_scatter(g: Any, code: int, op: int) -> Fast:
     """``fc.reduce_scatter_tensor(x, op)`` along axis 0: ``ncclReduceScatter``."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = flight.recorder(g.key)
     n = g.size
 
     def run(x: Any) -> Any:
@@ -113,7 +114,7 @@ def reduce_scatter(g: Any, code: int, op: int) -> Fast:
 def all_gather(g: Any) -> Fast:
     """``fc.all_gather_into_tensor(x)`` along axis 0: ``ncclAllGather`` of the bytes."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = flight.recorder(g.key)
     n = g.size
 
     def run(x: Any) -> Any:
@@ -136,7 +137,7 @@ def all_gather(g: Any) -> Fast:
 def all_to_all(g: Any, nccl: Any) -> Fast:
     """``fc.all_to_all_single(x)`` with even splits: grouped ``ncclSend``/``ncclRecv``."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = flight.recorder(g.key)
     n, start, end = g.size, nccl.groupStart, nccl.groupEnd
 
     def run(x: Any) -> Any:
@@ -167,7 +168,7 @@ def all_to_all(g: Any, nccl: Any) -> Fast:
 def broadcast(g: Any, root: int) -> Fast:
     """``fc.broadcast(x, src)``: ``ncclBroadcast`` from ``x`` into a fresh array."""
     comm, dev, nd, stream, current = _parts(g)
-    calls, _ends, pos, mask, ranks, clock = _trace.recorder(g.key)
+    calls, _ends, pos, mask, ranks, clock = flight.recorder(g.key)
 
     def run(x: Any) -> Any:
         if type(x) is not nd or not x._c_contiguous or x.data.device_id != dev or current() != dev:

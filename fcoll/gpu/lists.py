@@ -4,7 +4,7 @@ Shapes and dtypes travel first over MPI (the numpy path's checks, so disagreemen
 on every rank); the bytes then move in one ``ncclGroupStart``/``End`` of sends and
 receives, or of collectives for the coalesced forms (fused into one launch by NCCL).
 Each function takes the backend first, as the `route` table calls them; it is always
-`fcoll.gpu.nccl` here (the MPI transports stage these forms through host memory).
+`fcoll.backends.nccl` here (the MPI transports stage these forms through host memory).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from fcoll._calls import member
-from fcoll._validate import check_count, check_divisible, check_permutation, check_rank, one_dtype
-from fcoll.backends import Backend
+from fcoll.backends import Backend, nccl
 from fcoll.backends import mpi as host
-from fcoll.gpu import nccl
+from fcoll.calls.work import Call
 from fcoll.gpu.collectives import as_bytes, cp, enter, plan_for
-from fcoll.group import Group
-from fcoll.work import Call
+from fcoll.groups.group import Group
+from fcoll.groups.membership import member
+from fcoll.policy.validate import check_count, check_divisible, check_permutation, check_rank, one_dtype
 
 
 def _meta(x: Any) -> tuple[tuple[int, ...], str]:

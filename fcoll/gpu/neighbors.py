@@ -1,12 +1,12 @@
 """`fcoll.sendrecv` and `fcoll.halo_exchange` on cupy arrays over NCCL: grouped send/recv
 (``ncclGroupStart``/``End``) on cupy's current stream, as `fcoll.gpu.lists` moves bytes.
 
-`sendrecv`: the shape and dtype travel first over MPI (`fcoll._header`'s header, on an
+`sendrecv`: the shape and dtype travel first over MPI (`fcoll.policy.header`'s header, on an
 internal tag of the group's communicator), the data then over NCCL, so a cupy `sendrecv`
 pairs with a cupy `sendrecv` (NCCL orders messages between two ranks by call, whatever the
 tag). `halo_exchange`: per mesh axis, each edge is copied into a contiguous buffer on the
 device (``ascontiguousarray``), sent, and the received faces copied into the ghost cells of
-the result. Under a deadline each axis waits for its NCCL work (`fcoll.gpu.nccl.wait`).
+the result. Under a deadline each axis waits for its NCCL work (`fcoll.backends.nccl.wait`).
 The MPI transports stage both through host memory (`fcoll.gpu.route`).
 """
 
@@ -17,18 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _debug
-from fcoll._calls import member
-from fcoll._halo_axes import axes, check_faces
-from fcoll._header import INLINE, MAX_BYTES, header, parse
-from fcoll._runtime import mpi
-from fcoll._validate import check_rank
-from fcoll.backends import Backend
+from fcoll.backends import Backend, nccl
 from fcoll.backends import mpi as host
-from fcoll.gpu import nccl
+from fcoll.calls.work import Call, wait_requests
 from fcoll.gpu.collectives import as_bytes, cp, enter
-from fcoll.mesh import Mesh
-from fcoll.work import Call, wait_requests
+from fcoll.groups import detail
+from fcoll.groups.halo_axes import axes, check_faces
+from fcoll.groups.membership import member
+from fcoll.groups.mesh import Mesh
+from fcoll.policy.header import INLINE, MAX_BYTES, header, parse
+from fcoll.policy.validate import check_rank
+from fcoll.runtime import mpi
 
 
 def _header_tag() -> int:
@@ -75,7 +74,7 @@ def halo_exchange(backend: Backend, x: Any, mesh: Any, width: int | Sequence[int
     """The numpy function's result (`fcoll.halo_exchange`), moved by NCCL."""
     fn = "halo_exchange"
     g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)
-    with _debug.checked(g, call, fn, dtype=str(x.dtype), ndim=x.ndim, width=width, dims=dims,
+    with detail.checked(g, call, fn, dtype=str(x.dtype), ndim=x.ndim, width=width, dims=dims,
                         periodic=periodic):
         split = axes(x, mesh, width, dims, periodic)
     check_faces(call, x, mesh, split)

@@ -1,14 +1,14 @@
 """Where a public collective goes with cupy arrays: the table of each device backend.
 
-The public functions call `run` with the backend `fcoll._dispatch.backend_for` chose. The
+The public functions call `run` with the backend `fcoll.dispatch.backend_for` chose. The
 tables name, for each backend, the function that moves cupy arrays without staging; a
 collective not in its backend's table (or whose function answers ``NotImplemented`` for
-this call) runs on host copies through `fcoll.gpu.staged`. Results are cupy arrays on
+this call) runs on host copies through `fcoll.backends.staged`. Results are cupy arrays on
 the input's device.
 
 Debug checks and deadlines are applied here, once for every GPU collective (`guarded`):
 under ``debug="detail"`` the call is compared across ranks as on the numpy path, before
-its first message; under a deadline an NCCL call waits on the host (`fcoll.gpu.nccl.wait`).
+its first message; under a deadline an NCCL call waits on the host (`fcoll.backends.nccl.wait`).
 The MPI transports honour the deadline themselves, and staged calls are numpy calls.
 """
 
@@ -22,17 +22,19 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from fcoll import _debug, _runtime
-from fcoll._calls import member
-from fcoll._validate import check_count, check_rank, check_same_dtype
-from fcoll.backends import Backend, interop
+from fcoll import runtime
+from fcoll.backends import Backend, cuda_aware, nccl, staged
 from fcoll.backends import mpi as host
-from fcoll.dtypes import check_dtype, dtype_from_name
-from fcoll.gpu import aware, collectives, lists, nccl, neighbors, staged
-from fcoll.gpu.settings import mpi_for_device, transport
-from fcoll.group import Group, resolve_group
-from fcoll.ops import is_custom
-from fcoll.work import Call
+from fcoll.calls.work import Call
+from fcoll.dispatch import interop
+from fcoll.dispatch.gpu_settings import mpi_for_device, transport
+from fcoll.gpu import collectives, lists, neighbors
+from fcoll.groups import detail
+from fcoll.groups.group import Group, resolve_group
+from fcoll.groups.membership import member
+from fcoll.policy.dtypes import check_dtype, dtype_from_name
+from fcoll.policy.ops import is_custom
+from fcoll.policy.validate import check_count, check_rank, check_same_dtype
 
 # NCCL moves every collective that has a function here; the others (e.g. reduce_scatter
 # on lists over MPI) are staged.
@@ -69,7 +71,7 @@ AWARE: dict[str, Callable[..., Any]] = {
 
 R = TypeVar("R")
 
-TABLES: dict[str, dict[str, Callable[..., Any]]] = {nccl.NAME: NCCL, aware.NAME: AWARE,
+TABLES: dict[str, dict[str, Callable[..., Any]]] = {nccl.NAME: NCCL, cuda_aware.NAME: AWARE,
                                                     staged.NAME: {}}
 
 
@@ -79,7 +81,7 @@ def run(backend: Backend, name: str, numpy_fn: Callable[..., R], *args: Any, **k
     ``numpy_fn`` is the public function itself, which staging calls on host copies; the
     group travels as the keyword ``group`` (`choose` reads it).
     """
-    if backend is cast(Backend, interop):  # torch tensors, JAX arrays (`_dispatch.INTEROP`)
+    if backend is cast(Backend, interop):  # torch tensors, JAX arrays (`fcoll.dispatch.INTEROP`)
         return interop.run(numpy_fn, name, *args, **kwargs)  # type: ignore[no-any-return]
     if any(is_custom(a) for a in (*args, *kwargs.values())):
         return staged.run(numpy_fn, *args, **kwargs)  # type: ignore[no-any-return]  # ufunc op
@@ -98,29 +100,29 @@ def run(backend: Backend, name: str, numpy_fn: Callable[..., R], *args: Any, **k
 
 def guarded(fn: str, group: Any, fields: Callable[[], dict[str, object]],
             body: Callable[[], R]) -> R:
-    """``body()``, a GPU collective, under the numpy path's debug check (`fcoll._debug`).
+    """``body()``, a GPU collective, under the numpy path's debug check (`fcoll.groups.detail`).
 
     With ``debug="off"`` it just calls ``body``. Otherwise the comparison of ``fields()``
-    across the group waits in the call context (`fcoll.work.Call.check`) and runs at the
+    across the group waits in the call context (`fcoll.calls.work.Call.check`) and runs at the
     call's first message, after ``body``'s local checks; if those raise first, this rank
-    joins the comparison with its error and raises it, as `fcoll._debug.checked` does.
+    joins the comparison with its error and raises it, as `fcoll.groups.detail.checked` does.
 
     Example:
         >>> guarded("broadcast", g, lambda: {"x": x, "src": src},
         ...         lambda: collectives.broadcast(nccl, x, src, g))
         CollectiveMismatchError: broadcast: ...     # every rank, when another passed src=1
     """
-    if not _runtime._state.checking:
+    if not runtime._state.checking:
         return body()
     g, call = member(group, fn)
     described = fields()
-    call.check = lambda: _debug.compare(g, call, fn, described, None)
+    call.check = lambda: detail.compare(g, call, fn, described, None)
     try:
         return body()
     except Exception as error:
         if call.check is not None:  # it failed its local checks before sending anything
             call.check = None
-            _debug.compare(g, call, fn, described, error)
+            detail.compare(g, call, fn, described, error)
         raise
     finally:
         call.check = None
@@ -145,7 +147,7 @@ def choose(backend: Backend, fn: str, x: Any, group: Any, call: Call | None = No
     """``backend``, or the MPI backend where NCCL cannot serve ``group``: with
     ``FCOLL_GPU_TRANSPORT`` unset (auto), a group with ranks that share a GPU uses MPI.
 
-    Decided once per group, together (`fcoll.gpu.nccl.sharing` gathers every member's GPU),
+    Decided once per group, together (`fcoll.backends.nccl.sharing` gathers every member's GPU),
     at its first NCCL-bound call, before anything else travels (``call``: the call in
     progress, if it began; its deadline bounds the exchange); the group's rank 0 warns
     once, naming the ranks. ``FCOLL_GPU_TRANSPORT=nccl`` skips this, and the NCCL

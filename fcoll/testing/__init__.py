@@ -48,8 +48,8 @@ from typing import Any
 import pytest
 
 import fcoll
-from fcoll import _abort
-from fcoll._runtime import mpi
+from fcoll.diagnostics import excepthook
+from fcoll.runtime import mpi
 from fcoll.testing import agree, child, markers, pytest_mpi, spawn
 from fcoll.testing import sync as syncing
 from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
@@ -96,7 +96,7 @@ def _limit(config: pytest.Config) -> float:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    _abort.under_testing()  # failures are reported here, not by ending the job
+    excepthook.under_testing()  # failures are reported here, not by ending the job
     config.addinivalue_line(
         "markers", "mpi(min_size=None, max_size=None, timeout=None, nprocs=None): run only at "
         "MPI world sizes in [min_size, max_size] (and in nprocs); without a launcher, run in "

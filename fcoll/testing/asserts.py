@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import pytest
 
-from fcoll._runtime import mpi
-from fcoll.group import GroupArg, resolve_group
+from fcoll.groups.group import GroupArg, resolve_group
+from fcoll.runtime import mpi
 
 _SIDE: dict[tuple[int, ...], Any] = {}  # member ranks -> a private communicator
 

@@ -1,7 +1,7 @@
 """One ``mpiexec -n N python -m pytest`` job of spawn mode, seen from the parent session.
 
 `Job.start` writes the node ids to run into the job's folder and starts the launcher
-(the one ``python -m fcoll info`` names: `fcoll._launcher`) in a session of its own;
+(the one ``python -m fcoll info`` names: `fcoll.runtime.launcher`) in a session of its own;
 `Job.wait` reads the job's records (`fcoll.testing.child`) until a test is done, the job
 ends, or it gives no sign of life for longer than the test's limit and the grace after it
 (then the whole job is ended). Each rank starts through `BOOT`, which starts coverage
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fcoll import _watch
+from fcoll.diagnostics import watch
 from fcoll.testing import child
 
 COVERAGE_ENV = "FCOLL_TESTING_COVERAGE"
@@ -201,7 +201,7 @@ def startup() -> float:
         >>> startup()                             # FCOLL_TEST_SPAWN_GRACE unset
         30.0
     """
-    return _watch.seconds_setting(STARTUP_ENV, STARTUP)
+    return watch.seconds_setting(STARTUP_ENV, STARTUP)
 
 
 def environment(job_folder: Path, coverage: str | None) -> dict[str, str]:

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from fcoll import _launcher
-from fcoll._runtime import mpi
+from fcoll.runtime import launcher as _launcher
+from fcoll.runtime import mpi
 from fcoll.testing import child, job, markers, merge
 from fcoll.testing.sync import grace_seconds
 

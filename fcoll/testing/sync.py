@@ -21,8 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from fcoll import _trace_report
-from fcoll.group import Group
+from fcoll.diagnostics import flight_report
+from fcoll.groups.group import Group
 
 _TESTING_DIR = Path(__file__).resolve().parent  # this plugin's own frames are not fcoll's
 _FCOLL_DIR = _TESTING_DIR.parent
@@ -50,8 +50,8 @@ def _where(frame: FrameType) -> str:
 # What a call is doing, by the file of the innermost Python frame (the compiled core's wait
 # has no frame of its own: it shows as the fast path's closure or the segment's method).
 _HOW = {"mpi.py": "blocked inside MPI", "work.py": "polling it until its deadline",
-        "_board.py": "blocked inside MPI (making the group's on-node shared-memory segment)",
-        "_segment.py": "waiting for its peers in the on-node shared-memory segment",
+        "board.py": "blocked inside MPI (making the group's on-node shared-memory segment)",
+        "segment.py": "waiting for its peers in the on-node shared-memory segment",
         "shm.py": "waiting for its peers in the on-node shared-memory segment",
         "_fast.py": "in its fast path (blocked inside MPI or waiting in the on-node segment)"}
 
@@ -180,7 +180,7 @@ class Watchdog:
             path = self.hang_dir / f"{phase.index}-rank{self.rank}.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"finished": finished, "state": state,
-                                       "trace": _trace_report.snapshot()}))
+                                       "trace": flight_report.snapshot()}))
             tmp.replace(path)
         except OSError:
             pass
@@ -208,7 +208,7 @@ class Watchdog:
         if not self.traces:
             return ""
         silent = [r for r in range(self.size) if r not in self.traces]
-        return _trace_report.report(self.traces, silent, f"hang in {label}", 0.0)
+        return flight_report.report(self.traces, silent, f"hang in {label}", 0.0)
 
 
 def _short(state: str) -> str:
@@ -289,6 +289,6 @@ def sync(watch: Watchdog) -> Hang | None:
 
 
 def _byte() -> Any:
-    from fcoll._runtime import mpi
+    from fcoll.runtime import mpi
 
     return mpi().BYTE

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-import fcoll as fc
-from fcoll.group import Group
+from fcoll import collectives
+from fcoll.groups.group import Group
 from fcoll.torch._collectives import _op
 from fcoll.torch._convert import check_like, check_list, one, put, view
 from fcoll.torch.work import FcollWork, done
@@ -46,7 +46,7 @@ class Coalesced:
         fn = "all_reduce_coalesced"
         views = [view(t, fn, f"tensors[{i}]") for i, t in enumerate(tensors)]
         if views:
-            for t, y in zip(tensors, fc.all_reduce_coalesced(views, _op(opts, fn), self.fcoll_group),
+            for t, y in zip(tensors, collectives.all_reduce_coalesced(views, _op(opts, fn), self.fcoll_group),
                             strict=True):
                 put(t, y)
         return done(tensors)
@@ -89,7 +89,7 @@ class Coalesced:
                 check_like(o, t, fn, f"output_tensor_lists[{r}][{i}]", o.numel() if r != g.rank
                            else t.numel())
         for i, t in enumerate(tensors):
-            for r, y in enumerate(fc.all_gather(view(t, fn, f"input_tensor_list[{i}]"), g)):
+            for r, y in enumerate(collectives.all_gather(view(t, fn, f"input_tensor_list[{i}]"), g)):
                 put(output_lists[r][i], y)
         return done([o for outs in output_lists for o in outs])
 
@@ -106,14 +106,14 @@ class Coalesced:
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> FcollWork:
         """``dist.send``/``isend``: ``tensors[0]`` to group rank ``dst`` (work in flight)."""
         t = one(tensors, "send")
-        return FcollWork([t], fc.isend(view(t, "send", "tensor"), dst, self.fcoll_group, tag))
+        return FcollWork([t], collectives.isend(view(t, "send", "tensor"), dst, self.fcoll_group, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> FcollWork:
         """``dist.recv``/``irecv``: ``tensors[0]`` gets group rank ``src``'s message on `wait`."""
         t = one(tensors, "recv")
-        return FcollWork([t], fc.irecv(src, self.fcoll_group, tag), _land(t, "recv"))
+        return FcollWork([t], collectives.irecv(src, self.fcoll_group, tag), _land(t, "recv"))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FcollWork:
         """``dist.recv(src=None)``: from any rank; the work's ``_source_rank()`` names it."""
         t = one(tensors, "recv")
-        return FcollWork([t], fc.irecv(None, self.fcoll_group, tag), _land(t, "recv"))
+        return FcollWork([t], collectives.irecv(None, self.fcoll_group, tag), _land(t, "recv"))

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import fcoll as fc
+from fcoll import collectives
 from fcoll.collectives import _into
-from fcoll.group import Group
+from fcoll.groups.group import Group
 from fcoll.torch._convert import check_like, check_list, fcoll_op, one, put, view, view_out
 from fcoll.torch.work import FcollWork, done
 
@@ -49,7 +49,7 @@ class Collectives:
         if out is not None:
             _into.all_reduce(out, out, op, self.fcoll_group)  # in place
         else:
-            put(t, fc.all_reduce(view(t, fn, "tensor"), op, self.fcoll_group))
+            put(t, collectives.all_reduce(view(t, fn, "tensor"), op, self.fcoll_group))
         return done([t])
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
@@ -60,14 +60,14 @@ class Collectives:
         if out is not None:
             _into.broadcast(out, _root(opts), self.fcoll_group)
         else:
-            put(t, fc.broadcast(view(t, fn, "tensor"), _root(opts), self.fcoll_group))
+            put(t, collectives.broadcast(view(t, fn, "tensor"), _root(opts), self.fcoll_group))
         return done([t])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
         """``dist.reduce``: the reduction lands in ``tensors[0]`` on ``rootRank`` only."""
         fn = "reduce"
         t = one(tensors, fn)
-        y = fc.reduce(view(t, fn, "tensor"), _root(opts), _op(opts, fn), self.fcoll_group)
+        y = collectives.reduce(view(t, fn, "tensor"), _root(opts), _op(opts, fn), self.fcoll_group)
         if y is not None:
             put(t, y)
         return done([t])
@@ -87,7 +87,7 @@ class Collectives:
             _into.all_gather(x.reshape(-1), flat, g)
             ys = np.split(flat, g.size)
         else:
-            ys = fc.all_gather(x, g)
+            ys = collectives.all_gather(x, g)
         for o, y in zip(outs, ys, strict=True):
             put(o, y)
         return done(outs)
@@ -102,7 +102,7 @@ class Collectives:
         if out is not None and isinstance(x, np.ndarray):
             _into.all_gather(x, out.reshape(-1), g)
         else:
-            put(output, fc.all_gather_into_tensor(x, g))
+            put(output, collectives.all_gather_into_tensor(x, g))
         return done([output])
 
     _allgather_base = all_gather_single  # the name before torch 2.13
@@ -118,7 +118,7 @@ class Collectives:
         for i, c in enumerate(chunks):
             check_like(c, t, fn, f"input_list[{i}]", c.numel() if i != g.rank else t.numel())
         views = [view(c, fn, f"input_list[{i}]") for i, c in enumerate(chunks)]
-        put(t, fc.reduce_scatter(views, _op(opts, fn), g))
+        put(t, collectives.reduce_scatter(views, _op(opts, fn), g))
         return done([t])
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor,
@@ -132,7 +132,7 @@ class Collectives:
         if out is not None and isinstance(x, np.ndarray):
             _into.reduce_scatter(x, out.reshape(-1), _op(opts, fn), g)
         else:
-            put(output, fc.reduce_scatter_tensor(x, _op(opts, fn), g))
+            put(output, collectives.reduce_scatter_tensor(x, _op(opts, fn), g))
         return done([output])
 
     _reduce_scatter_base = reduce_scatter_single  # the name before torch 2.13
@@ -147,7 +147,7 @@ class Collectives:
         for i, o in enumerate(outputs):
             check_like(o, tensors[0], fn, f"output_tensor_list[{i}]", o.numel())
         views = [view(t, fn, f"input_tensor_list[{i}]") for i, t in enumerate(tensors)]
-        for o, y in zip(outputs, fc.all_to_all(views, g), strict=True):
+        for o, y in zip(outputs, collectives.all_to_all(views, g), strict=True):
             check_like(o, tensors[0], fn, "output_tensor_list[...]", y.size)
             put(o, y)
         return done(outputs)
@@ -170,7 +170,7 @@ class Collectives:
         elif outs is not None:
             row = tensor[0].numel() if tensor.dim() else 1
             check_like(output, tensor, fn, "output", sum(outs) * row)
-        y = fc.all_to_all_single(x, outs, ins, g)
+        y = collectives.all_to_all_single(x, outs, ins, g)
         check_like(output, tensor, fn, "output", y.size)
         put(output, y)
         return done([output])
@@ -187,7 +187,7 @@ class Collectives:
             check_list(outs, g.size, fn, "gather_list")
             for i, o in enumerate(outs):
                 check_like(o, t, fn, f"gather_list[{i}]", o.numel() if i != root else t.numel())
-        ys = fc.gather(view(t, fn, "tensor"), root, g)
+        ys = collectives.gather(view(t, fn, "tensor"), root, g)
         for o, y in zip(outs, ys or [], strict=True):
             put(o, y)
         return done(outs)
@@ -203,15 +203,15 @@ class Collectives:
             check_list(given, g.size, fn, "scatter_list")
             check_like(given[root], t, fn, f"scatter_list[{root}]", t.numel())
             chunks = [view(c, fn, f"scatter_list[{i}]") for i, c in enumerate(given)]
-        put(t, fc.scatter(chunks, root, g))
+        put(t, collectives.scatter(chunks, root, g))
         return done([t])
 
     def barrier(self, opts: Any = None) -> FcollWork:
         """``dist.barrier``: returns once every rank of the group has called it."""
-        fc.barrier(self.fcoll_group)
+        collectives.barrier(self.fcoll_group)
         return done([])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """`fcoll.monitored_barrier` on the group (torch's own function takes only gloo's
         groups: call this method, or `fcoll.torch.monitored_barrier`)."""
-        fc.monitored_barrier(self.fcoll_group, timeout, wait_all_ranks=wait_all_ranks)
+        collectives.monitored_barrier(self.fcoll_group, timeout, wait_all_ranks=wait_all_ranks)

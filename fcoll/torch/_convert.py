@@ -1,6 +1,6 @@
 """Tensors in and out of the torch backend: views, ops, and the checks torch's callers skip.
 
-A CPU tensor is seen as a zero-copy numpy view (`fcoll.backends.interop`; bfloat16 through
+A CPU tensor is seen as a zero-copy numpy view (`fcoll.dispatch.interop`; bfloat16 through
 its bits), a CUDA tensor as a cupy array (DLPack). A result is written into an output
 tensor through its view where the output is a C-contiguous CPU tensor (`view_out`),
 otherwise copied in (`put`). ``ReduceOp`` objects become fcoll's ops (`fcoll_op`).
@@ -21,8 +21,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from fcoll.backends import interop
-from fcoll.ops import Op, premul_sum
+from fcoll.dispatch import interop
+from fcoll.policy.ops import Op, premul_sum
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Gradients through fcoll's collectives on torch tensors: one `torch.autograd.Function`
 per differentiable collective, whose backward is the transposed collective.
 
-`fcoll.backends.interop` sends here every call made with a tensor that requires grad while
+`fcoll.dispatch.interop` sends here every call made with a tensor that requires grad while
 grad mode is on (`run`). The forward is the plain collective on the detached tensor and the
 backward is another fcoll collective on the gradient, so both run on the same transport
 (MPI or shared memory for CPU tensors, NCCL or MPI for CUDA tensors). Gradients are those of
@@ -36,14 +36,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fcoll import collectives, p2p
-from fcoll._validate import check_dim, check_permutation, check_splits
-from fcoll.backends import interop
-from fcoll.group import Group, resolve_group, world
-from fcoll.ops import PremulSum, ReduceOp, premul_sum, resolve_op
+from fcoll import collectives
+from fcoll.collectives import p2p
+from fcoll.dispatch import interop
+from fcoll.groups.group import Group, resolve_group, world
+from fcoll.policy.ops import PremulSum, ReduceOp, premul_sum, resolve_op
+from fcoll.policy.validate import check_dim, check_permutation, check_splits
 
 # The public functions, called on the tensors' numpy (CPU) or cupy (CUDA) views, the
-# results made tensors again on the same device: the steps `fcoll.backends.interop.run`
+# results made tensors again on the same device: the steps `fcoll.dispatch.interop.run`
 # takes for any call, without its search of the arguments.
 C: Any = collectives
 P: Any = p2p

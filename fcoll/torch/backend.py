@@ -31,8 +31,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-import fcoll as fc
-from fcoll.group import Group
+from fcoll.groups.group import Group, new_group
+from fcoll.groups.group import world as world_group
 from fcoll.torch._coalesced import Coalesced
 from fcoll.torch._collectives import Collectives
 
@@ -159,7 +159,7 @@ def deadline(timeout: object) -> float | None:
 
 def _world(seconds: float | None, opts: Any) -> tuple[Group, bool]:
     """The fcoll group of torch's default group, checked against torch's rank and size."""
-    world = fc.world()
+    world = world_group()
     if opts.group_size != world.size or opts.group_rank != world.rank:
         raise RuntimeError(
             f"init_process_group: backend 'fcoll' takes rank and world size from MPI "
@@ -169,7 +169,7 @@ def _world(seconds: float | None, opts: Any) -> tuple[Group, bool]:
             "WORLD_SIZE unset")
     if seconds is None:
         return world, False
-    return fc.new_group(timeout=seconds), True
+    return new_group(timeout=seconds), True
 
 
 def create(opts: Any, pg_options: Any = None) -> ProcessGroupFcoll:
@@ -189,7 +189,7 @@ def create(opts: Any, pg_options: Any = None) -> ProcessGroupFcoll:
     if not ranks:
         group, owned = _world(seconds, opts)
     else:
-        group, owned = fc.new_group(ranks, timeout=seconds), True
+        group, owned = new_group(ranks, timeout=seconds), True
         if group.rank != opts.group_rank:
             raise RuntimeError(f"new_group: torch gives this process rank {opts.group_rank} in "
                                f"group {ranks}, fcoll rank {group.rank}")

@@ -21,9 +21,9 @@ from typing import Any, TypeVar, cast
 import torch
 
 from fcoll import collectives
-from fcoll.group import Group, GroupArg, resolve_group
+from fcoll.groups.group import Group, GroupArg, resolve_group
 
-C: Any = collectives  # typed for numpy; takes and returns tensors (fcoll.backends.interop)
+C: Any = collectives  # typed for numpy; takes and returns tensors (fcoll.dispatch.interop)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 

@@ -35,7 +35,8 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-import fcoll as fc
+from fcoll import collectives
+from fcoll.groups.group import world as world_group
 from fcoll.torch.backend import NAME, create
 
 # The module (torch.distributed.rendezvous the attribute is its function of that name).
@@ -79,7 +80,7 @@ def rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
         >>> rank, size                                         # on rank 1
         (1, 2)
     """
-    world = fc.world()
+    world = world_group()
     asked = _query(url)
     if asked.get("rank", world.rank) != world.rank or \
             asked.get("world_size", world.size) != world.size:
@@ -93,19 +94,19 @@ def rendezvous(url: str, timeout: datetime.timedelta = default_pg_timeout,
 def _store(timeout: datetime.timedelta) -> Any:
     """torch's key-value store for the job: rank 0 serves a ``TCPStore`` on a port the system
     picks, every rank learns where through MPI and connects before any returns."""
-    world = fc.world()
+    world = world_group()
     if world.size == 1:
         return dist.HashStore()  # type: ignore[attr-defined]  # torch's stubs omit the stores
-    hosts = fc.all_gather_object(socket.gethostname())
+    hosts = collectives.all_gather_object(socket.gethostname())
     host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
     server = None
     if world.rank == 0:
         server = dist.TCPStore(host, 0, world.size, is_master=True,  # type: ignore[attr-defined]
                                timeout=timeout, wait_for_workers=False)
-    port = fc.broadcast_object(server.port if server is not None else 0, 0)
+    port = collectives.broadcast_object(server.port if server is not None else 0, 0)
     store = server if server is not None else \
         dist.TCPStore(host, port, world.size, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
-    fc.barrier()  # every client has connected before rank 0 may go on (and end its server)
+    collectives.barrier()  # every client has connected before rank 0 may go on (and end its server)
     return store
 
 

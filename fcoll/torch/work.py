@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fcoll.work import Work
+from fcoll.calls.work import Work
 
 # torch.distributed.Work as a base class: torch's stubs make its methods' signatures
 # clash with a Python subclass's, so mypy sees it as Any.

@@ -2,7 +2,7 @@
 
 The handler asks XLA for the stream the call runs on (``XLA_FFI_Stream_Get``) and makes it
 cupy's current stream (``cupy.cuda.ExternalStream``) while fcoll's cupy path runs
-(`fcoll._axes` with cupy: NCCL, or MPI, as for eager cupy arrays), so the collective and
+(`fcoll.xla.semantics` with cupy: NCCL, or MPI, as for eager cupy arrays), so the collective and
 the copies into XLA's output buffers are queued behind the work XLA already issued, without
 a host synchronisation on the NCCL path. cupy has no bfloat16: such buffers raise
 `TypeError`. Not yet run on a GPU by the test suite (docs/jax.md says so).
@@ -18,9 +18,8 @@ from typing import Any
 
 import ml_dtypes
 
-from fcoll import _axes
-from fcoll.group import Group
-from fcoll.xla import capi
+from fcoll.groups.group import Group
+from fcoll.xla import capi, semantics
 
 
 def _array(buf: capi.Buffer, cupy: Any) -> Any:
@@ -43,6 +42,6 @@ def serve(frame: capi.CallFrame, kind: str, g: Group, params: dict[str, Any]) ->
     with cupy.cuda.ExternalStream(capi.stream(frame)):
         ins = [_array(b, cupy) for b in capi.buffers(frame.args)]
         outs = [_array(b, cupy) for b in capi.buffers(frame.rets)]
-        got = _axes.run(kind, ins, g, cupy, params)
+        got = semantics.run(kind, ins, g, cupy, params)
         for out, y in zip(outs, got, strict=True):
             out[...] = y.reshape(out.shape)

@@ -4,7 +4,7 @@ handler, on XLA's thread.
 The handler (a Python function behind a C pointer, `fcoll.xla.capi`) reads the call's
 description (the string attribute ``fcoll``: the collective, the group's global ranks,
 its parameters), views XLA's buffers as numpy arrays (cupy on a GPU, on XLA's stream),
-runs `fcoll._axes` on them and copies the results into XLA's output buffers. So the
+runs `fcoll.xla.semantics` on them and copies the results into XLA's output buffers. So the
 collectives inside ``jit`` are fcoll's own, with fcoll's transports, debug checks,
 deadlines and flight record. Three rules keep that safe on another thread:
 
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from fcoll import _axes, _runtime
-from fcoll.group import Group, world
-from fcoll.work import CollectiveTimeoutError
-from fcoll.xla import capi
+from fcoll import runtime
+from fcoll.calls.work import CollectiveTimeoutError
+from fcoll.groups.group import Group, world
+from fcoll.xla import capi, semantics
 
 ATTRIBUTE = "fcoll"  # the custom call's attribute holding the call's description
 TARGETS = {"cpu": "fcoll_collective_cpu", "cuda": "fcoll_collective_cuda"}
@@ -82,7 +82,7 @@ def jit_group(ranks: tuple[int, ...]) -> Group:
 
 
 def _ranks_group(ranks: tuple[int, ...]) -> Group:
-    from fcoll.group import new_group
+    from fcoll.groups.group import new_group
 
     return new_group(list(ranks))
 
@@ -95,7 +95,7 @@ def _serve(frame: capi.CallFrame, device: bool) -> None:
         gpu.serve(frame, kind, jit_group(ranks), params)
         return
     ins, outs = capi.host_arrays(frame.args), capi.host_arrays(frame.rets)
-    got = _axes.run(kind, ins, jit_group(ranks), np, params)
+    got = semantics.run(kind, ins, jit_group(ranks), np, params)
     for out, y in zip(outs, got, strict=True):
         np.copyto(out, y.reshape(out.shape))
 
@@ -126,7 +126,7 @@ def _handle(pointer: Any, device: bool) -> int | None:
             return capi.error(frame, text, _code(error))
         except BaseException:  # no error object could be made: the job cannot go on
             sys.stderr.write(text + "\n")
-            _runtime.abort(1)
+            runtime.abort(1)
             return None
 
 
@@ -174,9 +174,9 @@ def arm() -> None:
     """Make eager calls wait for jitted ones (`wait_for_jitted`) from now on: called when a
     collective is first traced. The default group's fast paths are dropped (they would skip
     the wait)."""
-    if _runtime._state.before_call is None:
-        _runtime._state.before_call = wait_for_jitted
-        _runtime.changed()
+    if runtime._state.before_call is None:
+        runtime._state.before_call = wait_for_jitted
+        runtime.changed()
 
 
 def disarm() -> None:
@@ -188,7 +188,7 @@ def disarm() -> None:
         >>> step(params)                  # jitted, with collectives inside
         >>> handler.disarm()              # then eager calls only: 8 B back to ~1.4 us
     """
-    if _runtime._state.before_call is not None:
+    if runtime._state.before_call is not None:
         wait_for_jitted()
-        _runtime._state.before_call = None
-        _runtime.changed()
+        runtime._state.before_call = None
+        runtime.changed()

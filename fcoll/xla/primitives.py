@@ -5,7 +5,7 @@ function run in program order on every rank, also across jitted calls.
 
 Lowered, a primitive is a custom call to fcoll's FFI handler (`fcoll.xla.handler`) with
 XLA's ordering token threaded through it; evaluated eagerly (under ``jax.grad`` or
-``jax.vmap`` without ``jit``), it runs `fcoll._axes` on the arrays, as `fcoll.lax` does.
+``jax.vmap`` without ``jit``), it runs `fcoll.xla.semantics` on the arrays, as `fcoll.lax` does.
 Its JVP, transpose and batching rules are in `fcoll.xla.rules`.
 
 Private JAX APIs used (pinned by tests/test_jit.py on the JAX versions the project supports):
@@ -34,11 +34,10 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from fcoll import _axes
-from fcoll._plan import reduction_plan
-from fcoll.backends import interop
-from fcoll.group import Group, resolve_group
-from fcoll.xla import handler, rules
+from fcoll.dispatch import interop
+from fcoll.groups.group import Group, resolve_group
+from fcoll.policy.plan import reduction_plan
+from fcoll.xla import handler, rules, semantics
 
 KINDS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
 TESTED = ((0, 9), (0, 10))  # the JAX minor versions tests/test_jit.py passed on (0.9.2, 0.10.2)
@@ -81,11 +80,11 @@ if ABSTRACT_TOKEN is None:  # JAX < 0.11
 
 def _out_shape(kind: str, shape: tuple[int, ...], n: int, params: dict[str, Any]) -> tuple[int, ...]:
     if kind == "all_gather":
-        return _axes.gathered_shape(shape, n, params["axis"], params["tiled"])
+        return semantics.gathered_shape(shape, n, params["axis"], params["tiled"])
     if kind == "psum_scatter":
-        return _axes.scattered_shape(shape, n, params["axis"], params["tiled"])
+        return semantics.scattered_shape(shape, n, params["axis"], params["tiled"])
     if kind == "all_to_all":
-        return _axes.all_to_all_shape(shape, n, params["split_axis"], params["concat_axis"],
+        return semantics.all_to_all_shape(shape, n, params["split_axis"], params["concat_axis"],
                                       params["tiled"])
     return shape
 
@@ -99,12 +98,12 @@ def _abstract_eval(kind: str) -> Callable[..., Any]:
 
 
 def _impl(kind: str) -> Callable[..., Any]:
-    """Eager evaluation: `fcoll._axes` on the arrays (numpy or cupy views), as `fcoll.lax`."""
+    """Eager evaluation: `fcoll.xla.semantics` on the arrays (numpy or cupy views), as `fcoll.lax`."""
     def impl(*leaves: Any, ranks: tuple[int, ...], **params: Any) -> list[Any]:
         g = group_of(ranks)
         native = [interop.to_native(leaf, f"fcoll_{kind}", f"leaf {i}") for i, leaf in enumerate(leaves)]
         xp = np if all(isinstance(a, np.ndarray) for a in native) else sys.modules["cupy"]
-        got = _axes.run(kind, native, g, xp, params)
+        got = semantics.run(kind, native, g, xp, params)
         return [interop.back(y, like) for y, like in zip(got, leaves, strict=True)]
     return impl
 
