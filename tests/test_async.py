@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fcoll as fc
+from fcoll.calls.work import map_arrays
 from tests.helpers import BF16, data, same_bits
 
 
@@ -187,3 +188,15 @@ def test_waiting_on_a_collective_advances_a_pending_irecv(irecv_first):
             fc.send(big, 0)
         total = fc.all_reduce(x, async_op=True).wait()
     np.testing.assert_array_equal(total, np.full(3, sum(range(fc.get_world_size())), float))
+
+
+def test_map_arrays_reaches_arrays_in_lists_tuples_and_work(group):
+    """The walk that sends a result back as the caller's arrays (torch, JAX, cupy staged):
+    arrays inside lists and tuples, and a `Work`'s result once waited for."""
+    x = np.arange(3.0)
+    work = fc.all_reduce(x, group=group.arg, async_op=True)
+    got = map_arrays([x, (x, "kept"), work, 7], lambda v: isinstance(v, np.ndarray), lambda v: -v)
+    assert type(got) is list and type(got[1]) is tuple and got[1][1] == "kept" and got[3] == 7
+    assert np.array_equal(got[0], -x) and np.array_equal(got[1][0], -x)
+    assert isinstance(got[2], fc.Work)
+    assert np.array_equal(got[2].wait(), -x * group.size)

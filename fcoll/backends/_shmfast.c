@@ -13,6 +13,9 @@
  *
  * It looks up ``group.shm.core`` at every call, so a segment that grew (a new Core) serves at
  * once. Calls through it have no deadline (fast paths never do).
+ *
+ * Fast_traverse and Fast_clear list the same eight fields, as CPython's garbage collector
+ * asks of every type that holds references (one visits them, the other drops them).
  */
 #define NO_IMPORT_ARRAY
 #include "_shmcore.h"

@@ -6,6 +6,11 @@ its arguments or applies dtype policy (callers do). Reductions allocate their re
 the buffer's numpy dtype. Data movement writes into the ``out`` array the
 caller allocated (its final dtype and shape) and travels as ``MPI.BYTE``, so any dtype,
 bfloat16 included, moves bit-exact; counts of the ``v`` variants are in bytes.
+
+Each function writes out its two forms, the blocking MPI call or its nonblocking form
+polled against the call's deadline, rather than pass both to a helper: that would build
+two closures and make one more Python call on every call that misses the fast paths
+(34 ns for the call alone, measured with `timeit` here).
 """
 
 from __future__ import annotations

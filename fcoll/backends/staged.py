@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fcoll.backends import mpi as host
-from fcoll.calls.work import Call, Work
+from fcoll.calls.work import Call, map_arrays
 
 NAME = "staged"
 
@@ -39,16 +39,12 @@ def to_host(value: Any) -> Any:
 def to_device(value: Any, device: int) -> Any:
     """numpy arrays (also inside lists and `Work` results) as cupy arrays on ``device``."""
     cupy = _cupy()
-    if isinstance(value, np.ndarray):
+
+    def copy(x: np.ndarray) -> Any:
         with cupy.cuda.Device(device):
-            return cupy.asarray(value)
-    if isinstance(value, list):
-        return [to_device(v, device) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_device(v, device) for v in value)
-    if isinstance(value, Work):
-        return value.then(lambda result: to_device(result, device))
-    return value
+            return cupy.asarray(x)
+
+    return map_arrays(value, lambda v: isinstance(v, np.ndarray), copy)
 
 
 def device_of(args: Sequence[Any]) -> int:

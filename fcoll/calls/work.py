@@ -382,6 +382,25 @@ class Work(Generic[R_co]):
         return f"Work({self._op.name}, {state})"
 
 
+def map_arrays(value: Any, is_array: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
+    """``value`` with ``fn`` applied to each array in it (``is_array``), also inside lists,
+    tuples and `Work` results (where ``fn`` runs when the result is waited for).
+
+    Example:
+        >>> map_arrays([np.ones(2), (np.zeros(3),)], lambda v: isinstance(v, np.ndarray), len)
+        [2, (3,)]
+    """
+    if is_array(value):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_arrays(v, is_array, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(map_arrays(v, is_array, fn) for v in value)
+    if isinstance(value, Work):
+        return value.then(lambda result: map_arrays(result, is_array, fn))
+    return value
+
+
 def wait_all(works: Iterable[Work[R]], timeout: Timeout = None) -> list[R]:
     """Wait for every `Work` (in order) and return their results.
 

@@ -2,6 +2,14 @@
 
 Arrays travel as raw bytes, so every dtype moves bit-exact. Results are new arrays; inputs
 are never written.
+
+Two repetitions are deliberate. Each function opens with its own fast-path lookup, as in
+`fcoll.collectives.reductions` (a shared helper would put one more Python call per call:
+34 ns (`timeit` of the table lookup and call, inline 64 ns, through a helper 98 ns), 4 %
+of an 8 B all_reduce at n = 2 (0.84 us, bench/run.py)). And each public function has two
+``@overload`` stubs, ``async_op=False`` returning the array's type and ``True`` a `Work`
+of it, which differ in that one line: Python has no shorter spelling, and mypy and pyright
+read them (tests/test_typing.py).
 """
 
 from __future__ import annotations

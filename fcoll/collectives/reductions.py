@@ -2,6 +2,12 @@
 
 Each is the c10d function of the same name with its output argument removed: the result
 is a new array and the input is never written.
+
+Each function opens with its own fast-path lookup (the default group's table, then a
+`Group`'s own), the same dozen lines with its own table and key in each of this module and
+`fcoll.collectives.movement`. The repetition is deliberate: a shared helper would put one
+more Python call per call: 34 ns (`timeit` of the table lookup and call, inline 64 ns,
+through a helper 98 ns), 4 % of an 8 B all_reduce at n = 2 (0.84 us, bench/run.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fcoll.calls.work import Work
+from fcoll.calls.work import map_arrays
 
 NAME = "interop"
 KINDS = ("torch", "jax")
@@ -155,15 +155,12 @@ def to_native(value: Any, fn: str, name: str) -> Any:
 def back(value: Any, like: Any) -> Any:
     """The arrays in a result (also inside lists, tuples and `Work` results) as arrays of
     ``like``'s type and device."""
-    if isinstance(value, np.ndarray) or type(value).__module__.split(".")[0] == "cupy":
-        return _torch_out(value, like) if kind(like) == "torch" else _jax_out(value, like)
-    if isinstance(value, list):
-        return [back(v, like) for v in value]
-    if isinstance(value, tuple):
-        return tuple(back(v, like) for v in value)
-    if isinstance(value, Work):
-        return value.then(lambda result: back(result, like))
-    return value
+    out = _torch_out if kind(like) == "torch" else _jax_out
+    return map_arrays(value, _is_native, lambda v: out(v, like))
+
+
+def _is_native(value: object) -> bool:
+    return isinstance(value, np.ndarray) or type(value).__module__.split(".")[0] == "cupy"
 
 
 @cache

@@ -13,8 +13,11 @@ graph. Each closure checks its conditions (array type, contiguity, device, shape
 documented error or serves the case. `reset` drops every closure when a setting changes
 (`fcoll.init`, a broken or destroyed group).
 
-As in `fcoll.collectives._fast`, the closures repeat their few lines on purpose: a shared
-helper would put one more Python call on every call.
+As in `fcoll.collectives._fast`, the closures repeat their few lines on purpose (the one
+repetition of this module that `duplicates` lists): a shared helper would put one more
+Python call per call: 34 ns (`timeit` of the table lookup and call, inline 64 ns, through
+a helper 98 ns), 4 % of an 8 B all_reduce at n = 2 (0.84 us, bench/run.py); on a GPU the
+host-side cost is all fcoll adds to a call from a fresh array.
 """
 
 from __future__ import annotations

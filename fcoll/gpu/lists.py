@@ -5,6 +5,9 @@ on every rank); the bytes then move in one ``ncclGroupStart``/``End`` of sends a
 receives, or of collectives for the coalesced forms (fused into one launch by NCCL).
 Each function takes the backend first, as the `route` table calls them; it is always
 `fcoll.backends.nccl` here (the MPI transports stage these forms through host memory).
+The coalesced forms share their first lines (``member``, an empty list returns ``[]``, the
+checks) in the order every public function keeps (docs/design.md, "Layers"); they differ
+from there on.
 """
 
 from __future__ import annotations

@@ -54,10 +54,7 @@ class Coalesced:
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], tensors: list[torch.Tensor],
                                     opts: Any = None) -> FcollWork:
         """`all_gather_single` of each pair ``(outputs[i], tensors[i])``."""
-        check_list(outputs, len(tensors), "all_gather_into_tensor_coalesced", "outputs")
-        for output, t in zip(outputs, tensors, strict=True):
-            check_like(output, t, "all_gather_into_tensor_coalesced", "outputs[...]",
-                       t.numel() * self.fcoll_group.size)
+        self._check_pairs(outputs, tensors, "all_gather_into_tensor_coalesced", "outputs")
         for output, t in zip(outputs, tensors, strict=True):
             self.all_gather_single(output, t, opts)  # type: ignore[attr-defined]
         return done(outputs)
@@ -67,15 +64,20 @@ class Coalesced:
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
         """`reduce_scatter_single` of each pair ``(outputs[i], tensors[i])``."""
-        check_list(tensors, len(outputs), "reduce_scatter_tensor_coalesced", "inputs")
-        for output, t in zip(outputs, tensors, strict=True):
-            check_like(t, output, "reduce_scatter_tensor_coalesced", "inputs[...]",
-                       output.numel() * self.fcoll_group.size)
+        self._check_pairs(tensors, outputs, "reduce_scatter_tensor_coalesced", "inputs")
         for output, t in zip(outputs, tensors, strict=True):
             self.reduce_scatter_single(output, t, opts)  # type: ignore[attr-defined]
         return done(outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # before torch 2.13
+
+    def _check_pairs(self, big: list[torch.Tensor], small: list[torch.Tensor], fn: str,
+                     name: str) -> None:
+        """Each ``big[i]`` (argument ``name``) is like ``small[i]``, with the group's size
+        times its elements: checked for every pair before anything is sent."""
+        check_list(big, len(small), fn, name)
+        for b, s in zip(big, small, strict=True):
+            check_like(b, s, fn, f"{name}[...]", s.numel() * self.fcoll_group.size)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:

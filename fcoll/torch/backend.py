@@ -82,6 +82,8 @@ class ProcessGroupFcoll(Collectives, Coalesced, _ProcessGroup):  # type: ignore[
         """
         return NAME
 
+    # The name and description accessors below are four of torch's ProcessGroup methods
+    # (a getter and a setter each), alike on purpose: torch calls each by its own name.
     def getGroupName(self) -> str:
         """The name torch gave the group (functional collectives find it by this name).
 
