@@ -7,6 +7,8 @@ and deadlines keep their word. Each case that could hang has a short limit of it
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -116,6 +118,72 @@ def test_a_rank_that_ends_normally_while_others_wait_ends_the_job(tmp_path, n):
     assert code != 0 and took < 20, out
     assert "rank 1 ended its script (it returned or called sys.exit) after its call #1" in out, out
     assert "all_reduce (call #2 on group" in out and "which can never complete" in out, out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize(("n", "on"), [(2, "1"), (3, "1"), (2, "0")])
+def test_a_rank_whose_launcher_is_gone_ends_itself(tmp_path, n, on):
+    """The launcher's process that started the ranks is killed (as when an MPI_Abort misses a
+    rank and the launcher goes): the ranks, one waiting in a collective and the others
+    outside fcoll, would wait forever; each ends within a few ticks of its watch, and says
+    why on its stderr. With ``FCOLL_ABORT_ON_ERROR=0`` they are left be (and killed here)."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("reads process states from /proc")
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        import numpy as np
+        import fcoll as fc
+        r = fc.get_rank()
+        sys.stderr = open(Path({str(tmp_path)!r}) / f"err{{r}}", "w", buffering=1)  # outlives the launcher
+        fc.barrier()
+        (Path({str(pids)!r}) / str(r)).write_text(f"{{os.getpid()}} {{os.getppid()}}")
+        if r == 0:
+            fc.all_reduce(np.ones(3))    # its peers never call it
+        time.sleep(300)
+    """))
+    env = {**jobs.environment(), "FCOLL_STALL_WARN": "0", "FCOLL_ABORT_ON_ERROR": on}
+    job = subprocess.Popen(jobs.command(n, sys.executable, str(script)), env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    ranks: list[list[int]] = []
+    try:
+        until = time.monotonic() + 60
+        while len(list(pids.iterdir())) < n and time.monotonic() < until and job.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.2)  # every file written whole
+        ranks = [[int(v) for v in (pids / str(r)).read_text().split()] for r in range(n)]
+        assert len(ranks) == n, job.poll()
+        for parent in {ppid for _, ppid in ranks}:
+            os.kill(parent, signal.SIGKILL)
+        until = time.monotonic() + (15 if on == "1" else 3)
+        while any(_alive(pid) for pid, _ in ranks) and time.monotonic() < until:
+            time.sleep(0.1)
+        left = [pid for pid, _ in ranks if _alive(pid)]
+    finally:
+        for pid, _ in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        job.kill()
+        out = job.communicate()[0]
+    errors = "".join((tmp_path / f"err{r}").read_text() for r in range(n))
+    if on == "0":
+        assert len(left) == n and "is gone" not in errors, out + errors
+        return
+    assert left == [], out + errors
+    for r, (_, parent) in enumerate(ranks):
+        assert (f"[rank {r}] fcoll: the launcher's process that started this rank (pid {parent}) "
+                "is gone, and the job with it: this rank ends") in errors, out + errors
 
 
 # -- stalls report themselves ------------------------------------------------------------

@@ -15,7 +15,11 @@ call's group and number. It then
 - after ``FCOLL_STALL_ABORT`` seconds (default off) ends the job with the flight record;
 - when a peer on this node has ended its script without making the call this rank waits in
   (its last call number on the group is lower), ends the job at once: that call can never
-  complete (``FCOLL_ABORT_ON_ERROR=0`` turns this off, as it does for exceptions).
+  complete (``FCOLL_ABORT_ON_ERROR=0`` turns this off, as it does for exceptions);
+- when the process that started this rank (the launcher's: hydra's proxy, Open MPI's
+  daemon, slurmstepd) is gone, ends this rank (exit status 1, `orphaned`): its job is over
+  (an ``MPI_Abort`` that missed it, a launcher killed), and a rank left behind would wait,
+  or spin in MPI's progress loop, forever (``FCOLL_ABORT_ON_ERROR=0`` turns this off too).
 
 The thread never calls MPI (fcoll runs MPI at ``serialized``): to end the job it uses
 `fcoll.runtime.end_job`. Frames are only read; the one kept between ticks (to know the
@@ -41,6 +45,7 @@ from typing import Any
 from fcoll import runtime
 from fcoll.diagnostics import board as _board
 from fcoll.diagnostics import flight, mpi_errors, stall_report
+from fcoll.runtime import launcher
 
 WARN_ENV, ABORT_ENV = "FCOLL_STALL_WARN", "FCOLL_STALL_ABORT"
 DEFAULT_WARN = 60.0
@@ -133,6 +138,8 @@ class Watch:
         limits = [s for s in (warn, stall_abort) if s > 0]
         self.tick = min([1.0, *(s / 4 for s in limits)])
         self.rank = runtime.mpi().COMM_WORLD.Get_rank()
+        # the launcher's process that started this rank; a rank started otherwise is left be
+        self.parent = os.getppid() if ends and launcher.launched(os.environ) else None
         self.main = threading.main_thread().ident
         self.wait: Wait | None = None
         self.free_since = time.monotonic()  # last tick that saw the main thread outside fcoll
@@ -150,6 +157,8 @@ class Watch:
 
     def check(self) -> None:
         """One tick: what the main thread waits in; publish; report or end the job."""
+        if self.parent is not None and os.getppid() != self.parent:
+            orphaned(self.rank, self.parent)
         now = time.monotonic()
         entry = entry_frame(sys._current_frames().get(self.main))  # type: ignore[arg-type]
         if entry is None:
@@ -183,6 +192,26 @@ class Watch:
             serial = wait.key[1] if wait.key is not None else -1
             published = (serial, wait.seq, time.time() - (now - wait.since), wait.op)
         self.board.publish(_board.RUNNING, published, group_seqs())
+
+
+def orphaned(rank: int, parent: int) -> None:
+    """End this rank, whose launcher's process (pid ``parent``) is gone: its job is over.
+
+    Not `fcoll.runtime.end_job`: ``MPI_Abort`` needs the launcher. The line may find stderr
+    closed with the launcher; the rank ends either way.
+
+    Example:
+        >>> orphaned(1, 4242)       # hydra's proxy (pid 4242) was killed; on stderr, then exit 1
+        [rank 1] fcoll: the launcher's process that started this rank (pid 4242) is gone ...
+    """
+    try:
+        sys.stderr.write(f"[rank {rank}] fcoll: the launcher's process that started this rank "
+                         f"(pid {parent}) is gone, and the job with it: this rank ends "
+                         "(exit status 1; FCOLL_ABORT_ON_ERROR=0 turns this off)\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(1)
 
 
 def _trace_report_local(wait: Wait) -> str:
