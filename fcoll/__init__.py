@@ -10,7 +10,8 @@ Example:
 """
 
 from fcoll import _autograd, collectives, debug, dp, lax
-from fcoll.calls.work import CollectiveTimeoutError, Work, wait_all
+from fcoll.calls.errors import CollectiveTimeoutError
+from fcoll.calls.work import Work, wait_all
 from fcoll.collectives import *  # noqa: F403  (the public collectives: collectives.__all__)
 from fcoll.diagnostics import excepthook
 from fcoll.groups.detail import CollectiveMismatchError

@@ -194,7 +194,7 @@ def test_collective_timeout_fails_the_test_and_stops_the_session(tmp_path):
         def test_after():
             pass
     """)
-    assert "FAILED test_g.py::test_late - fcoll.calls.work.CollectiveTimeoutError: all_reduce (call #1 " \
+    assert "FAILED test_g.py::test_late - fcoll.calls.errors.CollectiveTimeoutError: all_reduce (call #1 " \
            "on the group) did not complete within its 1 s deadline" in job.out, job.out
     assert "the session stops here" in job.out and "test_after" not in job.out, job.out
     assert job.statuses == [2, 2] and job.took < 20, (job.statuses, job.took)

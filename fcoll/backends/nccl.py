@@ -23,7 +23,8 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.backends import mpi as host
-from fcoll.calls.work import Call, backoff, timed_out
+from fcoll.calls.errors import timed_out
+from fcoll.calls.work import Call, backoff
 
 NAME = "nccl"
 # ncclDataType_t codes (nccl.h; stable since NCCL 2.0, bfloat16 from 2.10). The other
@@ -173,7 +174,7 @@ def wait(call: Call) -> None:
     NCCL device and polls it (``event.done``, `fcoll.calls.work.backoff` between polls, as
     `fcoll.calls.work.wait_request` does) until it completes or the deadline passes. Then, as
     torch's NCCL watchdog does, it aborts the group's NCCL communicator (`abort`), marks the
-    group unusable and raises `fcoll.calls.work.CollectiveTimeoutError`.
+    group unusable and raises `fcoll.calls.errors.CollectiveTimeoutError`.
 
     Example:
         >>> out = allreduce(call, x, op)   # enqueued on the current stream

@@ -22,7 +22,7 @@ them.
 Waiting polls the flags (`Segment.exchange`): a busy spin that, with more ranks than cores,
 yields the core at every poll (`os.sched_yield`) so the peer it waits for can run, as the
 MPI path's polls do (`fcoll.calls.work.backoff`); after ``YIELD_SECONDS`` it sleeps between polls;
-a call with a deadline raises `fcoll.calls.work.CollectiveTimeoutError` once it passes, as the
+a call with a deadline raises `fcoll.calls.errors.CollectiveTimeoutError` once it passes, as the
 MPI path does.
 """
 
@@ -37,7 +37,8 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.calls import fingerprint
-from fcoll.calls.work import Call, timed_out
+from fcoll.calls.errors import timed_out
+from fcoll.calls.work import Call
 from fcoll.diagnostics import flight, flight_report
 
 LINE = 128  # control bytes per rank: the numpy path uses the first 64-byte line, the C core both
@@ -128,7 +129,7 @@ class Segment:
                  ) -> list[np.ndarray]:
         """One whole step for ``data`` that fits a slot: copy it in, arrive announcing the
         call's fingerprint ``fp`` and element count ``count``, wait for every rank, check that
-        every rank announced the same (`fcoll.calls.work.CollectiveMismatchError` on every rank
+        every rank announced the same (`fcoll.calls.errors.CollectiveMismatchError` on every rank
         alike, the table of what each rank called); return every rank's slot as ``data``'s
         dtype (by rank, ``data.size`` elements each). ``data`` is 1-D, or 2-D with one row
         per rank's block: then this rank's own block is not copied (only it reads that).
@@ -192,8 +193,8 @@ class Segment:
 
     def native(self, call: Call, method: Any, *args: Any) -> Any:
         """``method(*args, deadline)`` of the core, its two errors told as fcoll's: a
-        disagreement (`fcoll.calls.work.CollectiveMismatchError`, every rank) and a missed deadline
-        (`fcoll.calls.work.CollectiveTimeoutError`)."""
+        disagreement (`fcoll.calls.errors.CollectiveMismatchError`, every rank) and a missed deadline
+        (`fcoll.calls.errors.CollectiveTimeoutError`)."""
         seconds = call.seconds
         try:
             return method(*args, -1.0 if seconds is None else call.start + seconds)

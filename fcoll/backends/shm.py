@@ -135,7 +135,7 @@ def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int,
     new array of its shape and dtype, or into ``out`` (C-contiguous, the same shape and
     dtype; it may be ``send`` itself). ``fp`` is the call's fingerprint (`fcoll.calls.fingerprint`):
     every rank announces it with its element count, and ranks that differ raise
-    `fcoll.calls.work.CollectiveMismatchError` on every rank.
+    `fcoll.calls.errors.CollectiveMismatchError` on every rank.
 
     Example:
         >>> allreduce(call, np.array([r + 1.0]), np.add, fp)    # rank r of 3 on one node
@@ -312,7 +312,7 @@ def broadcast(call: Call, x: np.ndarray, root: int, fp: int) -> np.ndarray:
     """Group rank ``root``'s ``x`` (any layout) in a new C-contiguous array on every rank:
     the root copies it into its slot, the others copy it out, in steps of ``CHUNK`` bytes.
     Every rank announces the call's fingerprint ``fp`` (root and dtype included) and its
-    ``x``'s size: ranks that differ raise `fcoll.calls.work.CollectiveMismatchError` on every rank.
+    ``x``'s size: ranks that differ raise `fcoll.calls.errors.CollectiveMismatchError` on every rank.
 
     Example:
         >>> broadcast(call, np.array([r]), 1, fp)              # rank r of 2 on one node
@@ -368,7 +368,7 @@ def _step(call: Call, seg: Segment, data: np.ndarray, fp: int, count: int, send:
           ) -> list[np.ndarray]:
     """One step (`Segment.exchange`) for ``data`` (1-D, or one row per block), announcing
     the call's fingerprint ``fp`` and element count ``count`` (every rank raises the same
-    `fcoll.calls.work.CollectiveMismatchError` when they differ). A first step that does not fit
+    `fcoll.calls.errors.CollectiveMismatchError` when they differ). A first step that does not fit
     the segment announces first, then every rank grows the segment alike and takes the step.
     ``send=False``: this rank copies nothing in (`Segment.exchange`)."""
     need = data.nbytes

@@ -4,7 +4,7 @@ Every step through the on-node shared-memory segment announces the call's finger
 beside its element count (`fcoll.backends.segment`): the kind of call (``all_reduce``,
 ``broadcast``, ...), the reduce op, the dtype the caller passed (not the wire dtype:
 float16 travels as float32, yet a float16 rank and a float32 rank disagree) and the root.
-Ranks that announce different words raise `fcoll.calls.work.CollectiveMismatchError` on every
+Ranks that announce different words raise `fcoll.calls.errors.CollectiveMismatchError` on every
 rank, with debug off, since each sees every announcement (`mismatch`).
 
 Layout, low bits first: kind (8 bits), op (8), dtype (16), root + 1 (24), and bit 56 set
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fcoll.calls.work import CollectiveMismatchError
+from fcoll.calls.errors import CollectiveMismatchError
 
 KINDS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast", "scan",
          "exscan", "reduce", "all_to_all_single", "sendrecv")

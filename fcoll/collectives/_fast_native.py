@@ -26,7 +26,7 @@ NO_FOLD = (0, 0, 0, 1.0)  # (type, op, flags, factor) of the calls that do not r
 
 
 def told(g: Any, name: str, step: int) -> BaseException:
-    """The core's Mismatch at ``step`` as `fcoll.calls.work.CollectiveMismatchError` (every rank
+    """The core's Mismatch at ``step`` as `fcoll.calls.errors.CollectiveMismatchError` (every rank
     alike)."""
     g.call.fn = name
     return fingerprint.mismatch(name, g.ranks, g.shm.announced(step))

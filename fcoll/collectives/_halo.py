@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fcoll.calls.work import Call, backoff, timed_out
+from fcoll.calls.errors import timed_out
+from fcoll.calls.work import Call, backoff
 from fcoll.collectives.p2p import BYTE, HALO_TAG, MPI
 from fcoll.diagnostics import flight
 

@@ -27,13 +27,13 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from fcoll.backends import staged
+from fcoll.calls.errors import timed_out
 from fcoll.calls.work import (
     Call,
     Operation,
     RequestOperation,
     Work,
     backoff,
-    timed_out,
     wait_request,
     wait_requests,
 )

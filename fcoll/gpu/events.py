@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from fcoll.backends import nccl
-from fcoll.calls.work import Operation, Work, backoff, timed_out
+from fcoll.calls.errors import timed_out
+from fcoll.calls.work import Operation, Work, backoff
 
 
 class EventOperation(Operation):
@@ -33,7 +34,7 @@ class EventOperation(Operation):
         With a ``timeout`` (``Work.wait(timeout=...)``, or a default deadline), the host
         polls the event instead, as a blocking call under a deadline does
         (`fcoll.backends.nccl.wait`): past the timeout it aborts the group's NCCL communicator
-        and raises `fcoll.calls.work.CollectiveTimeoutError`."""
+        and raises `fcoll.calls.errors.CollectiveTimeoutError`."""
         if not self.done:
             import cupy
 

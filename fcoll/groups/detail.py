@@ -26,7 +26,8 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.backends import mpi as backend
-from fcoll.calls.work import Call, CollectiveMismatchError
+from fcoll.calls.errors import CollectiveMismatchError
+from fcoll.calls.work import Call
 from fcoll.diagnostics import flight
 from fcoll.policy.ops import PremulSum, ReduceOp
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.backends import mpi as host
-from fcoll.calls.work import Call, CollectiveMismatchError
+from fcoll.calls.errors import CollectiveMismatchError
+from fcoll.calls.work import Call
 from fcoll.dispatch import is_cupy
 from fcoll.groups.mesh import Mesh
 from fcoll.policy.dtypes import check_dtype

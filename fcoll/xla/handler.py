@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from fcoll import runtime
-from fcoll.calls.work import CollectiveTimeoutError
+from fcoll.calls.errors import CollectiveTimeoutError
 from fcoll.groups.group import Group, world
 from fcoll.xla import capi, semantics
 

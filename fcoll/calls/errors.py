@@ -1,0 +1,72 @@
+"""What a call raises when its ranks disagree or it misses its deadline.
+
+`CollectiveMismatchError` and `CollectiveTimeoutError` are public (``fcoll.X``); `timed_out`
+builds the latter for every transport that polls against a deadline, marks the group
+unusable and gathers the ranks' flight records for the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fcoll import runtime
+from fcoll.diagnostics import flight, flight_report
+
+
+class CollectiveTimeoutError(TimeoutError):
+    """An operation did not complete before its deadline.
+
+    The message names the operation, the group's ranks, the deadline and the call's
+    sequence number on the group. The group is unusable afterwards. ``flight_record``
+    holds every answering rank's last calls side by side (`fcoll.debug`), also printed by
+    the lowest of them.
+
+    Example:
+        >>> fc.init(timeout=5)                        # every rank; mpiexec -n 2
+        >>> if fc.get_rank() == 0:                    # rank 1 never joins
+        ...     fc.all_reduce(np.ones(3))
+        Traceback (most recent call last):            # on rank 0, after 5 s
+        CollectiveTimeoutError: all_reduce (call #1 on the group) ... 5 s deadline on group ranks [0, 1]
+    """
+
+    flight_record: str = ""
+
+
+class CollectiveMismatchError(ValueError):
+    """The ranks of a group made different calls (op, shapes, dtypes, roots, sizes, order).
+
+    Raised on every rank of the group, before anything is sent, when ``debug="detail"``
+    (`fcoll.init` or ``FCOLL_DEBUG``); a `ValueError`, with a table of each rank's call.
+    On the on-node shared-memory path it is raised even with debug off, from each call's
+    fingerprint (op, dtype, element count, root, kind of call; `fcoll.calls.fingerprint`).
+    When some ranks' own arguments failed their local checks, those ranks raise their own
+    `TypeError`/`ValueError` and the others this error, naming them.
+
+    Example:
+        >>> fc.init(debug="detail")                  # every rank; mpiexec -n 2
+        >>> fc.all_reduce(np.ones(3 if fc.get_rank() == 0 else 4))
+        Traceback (most recent call last):           # on ranks 0 and 1 alike
+        CollectiveMismatchError: all_reduce: the ranks of group [0, 1] made different calls ...
+    """
+
+
+def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
+    """Mark ``group`` unusable and build the error for a call that missed its deadline."""
+    reason = (f"{fn} (call #{seq} on the group) did not complete within its "
+              f"{seconds:g} s deadline")
+    group.broken = reason
+    group.usable = False
+    runtime.changed()  # caches that assume a healthy group drop it
+    error = CollectiveTimeoutError(
+        f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
+        "call, or died. The group is now unusable; fcoll.abort() ends the job")
+    if flight.RING:  # every rank's last calls, side by side (printed by the lowest rank)
+        error.flight_record = flight_report.collect(
+            f"{fn} missed its deadline on group {list(group.ranks)}", REPORT_SECONDS)
+    return error
+
+
+# How long the ranks' records are gathered for a missed deadline's report: a small fixed
+# budget, so the error arrives within half a second of the deadline whatever it is (ranks
+# polling in an fcoll call answer within a millisecond; one blocked in MPI never does).
+REPORT_SECONDS = 0.3
