@@ -4,8 +4,10 @@
 # Builds fcoll/backends/_shmcore.c with FCOLL_SANITIZE=1 (setup.py: -fsanitize=address,undefined,
 # -O1 -g, the baseline folds without the AVX2 clones) inside a copy of this checkout, then runs,
 # with the sanitizers' runtimes preloaded into every process: the core's own tests
-# (tests/test_native.py), the segment, reduction, movement and out= tests at n = 2 and 3 with every
-# size through the segment (FCOLL_SHM=1), and 20,000 steps of the stress job at n = 3. Any
+# (tests/test_native.py), the segment, reduction, movement and out= tests at one world size
+# (FCOLL_SANITIZE_SIZE, default 3: an odd size, with more ranks than this machine's two cores,
+# so steps interleave the most) with every size through the segment (FCOLL_SHM=1), and 20,000
+# steps of the stress job at n = 3. Any
 # report ends that process with an error, so the script fails. Creates .venv if missing;
 # scripts/test.sh runs it after the suite (FCOLL_SANITIZE_PASS=0 skips it there).
 set -uo pipefail
@@ -28,11 +30,11 @@ sanitized=(env LD_PRELOAD="$asan:$ubsan" PYTHONPATH="$work" FCOLL_NATIVE=1)
 cd "$work"
 status=0
 echo "=== sanitize: tests/test_native.py"
-"${sanitized[@]}" "$PY" -m pytest -q -p no:cacheprovider --capture=sys tests/test_native.py || status=1
-for n in 2 3; do
+"${sanitized[@]}" "$PY" -m pytest -q --durations=30 -p no:cacheprovider --capture=sys tests/test_native.py || status=1
+for n in ${FCOLL_SANITIZE_SIZE:-3}; do
   echo "=== sanitize: segment tests, n=$n, FCOLL_SHM=1"
   FCOLL_SHM=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "${sanitized[@]}" "$PY" -m pytest -q \
-    -p no:cacheprovider --capture=sys tests/test_shm.py tests/test_shm_movement.py tests/test_reductions.py \
+    --durations=30 -p no:cacheprovider --capture=sys tests/test_shm.py tests/test_shm_movement.py tests/test_reductions.py \
     tests/test_coalesced.py tests/test_into.py || status=1
 done
 echo "=== sanitize: stress, n=3"

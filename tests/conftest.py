@@ -13,7 +13,7 @@ import pytest
 
 import fcoll as fc
 
-pytest_plugins = ["fcoll.testing"]
+pytest_plugins = ["fcoll.testing", "tests.suite_plan"]
 FAKE_CUPY_ENV = "FCOLL_FAKE_CUPY"
 
 

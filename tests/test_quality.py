@@ -27,7 +27,7 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff():
-    done = _run(str(BIN / "ruff"), "check", "fcoll", "tests", "examples", "bench")
+    done = _run(str(BIN / "ruff"), "check", "fcoll", "tests", "examples", "bench", "scripts")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
