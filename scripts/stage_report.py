@@ -42,7 +42,7 @@ class Stage:
     name: str
     seconds: int
     status: int
-    group: str  # "" alone, "*" a side-by-side group, else the group it ran in
+    group: str  # "" alone, "*" a side-by-side group, "&" in the background, else its group
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -78,7 +78,7 @@ def read(directory: Path) -> list[Stage]:
                     stage.counts[kind] = stage.counts.get(kind, 0) + n
     ordered = []
     for stage in stages:
-        if stage.group in ("", "*"):
+        if stage.group in ("", "*", "&"):
             ordered.append(stage)
             ordered.extend(s for s in stages if s.group == stage.name)
     return ordered
@@ -89,8 +89,8 @@ def table(stages: list[Stage]) -> list[str]:
     width = max([len(s.name) + 4 for s in stages] + [28])
     lines = [f"{'stage':<{width}} {'wall s':>7} {'status':>7} " + " ".join(f"{k:>8}" for k in KINDS)]
     for s in stages:
-        label = f"  {s.name}" if s.group not in ("", "*") else (
-            f"{s.name} (side by side)" if s.group == "*" else s.name)
+        label = {"": s.name, "*": f"{s.name} (side by side)",
+                 "&": f"{s.name} (in the background)"}.get(s.group, f"  {s.name}")
         cells = " ".join(f"{s.counts.get(k, 0) if s.counts else '-':>8}" for k in KINDS)
         lines.append(f"{label:<{width}} {s.seconds:>7} {s.status:>7} {cells}")
     return lines

@@ -5,6 +5,8 @@
 #
 #   stage NAME CMD...        run CMD now (its exit status is stage's)
 #   beside GROUP NAME CMD... start CMD in the background, its output to its log only
+#   background_install DIR   source DIR/env.sh for Open MPI in the background (stage
+#                            openmpi.install); background_installed waits for it
 #   joined GROUP             wait for GROUP's commands, then print their logs in order and
 #                            record GROUP's own wall time; its status is the worst of
 #                            theirs: 1 if any failed, else 5 if any ran no test (pytest's 5)
@@ -62,4 +64,22 @@ joined() {
   _beside_pids=()
   _beside_names=()
   return "$rc"
+}
+
+background_install() {
+  (
+    start=$SECONDS
+    FCOLL_MPI=openmpi bash -c 'source "$1/env.sh"' _ "$1" >"$STAGES/openmpi.install.log" 2>&1
+    rc=$?
+    _record openmpi.install $((SECONDS - start)) "$rc" "&"
+    exit "$rc"
+  ) &
+  _background=$!
+}
+
+background_installed() {
+  wait "$_background" && return 0
+  echo "=== openmpi.install failed:"
+  cat "$STAGES/openmpi.install.log"
+  return 1
 }

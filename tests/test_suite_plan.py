@@ -96,13 +96,14 @@ def test_the_table_counts_each_stage_and_sums_a_side_by_side_group(tmp_path):
     (tmp_path / "n1.shard2.log").write_text("=== 12 passed, 2 skipped in 4.10s ===\n")
     stages = stage_report.read(_stages(tmp_path, [
         ("install", 70, 0, ""), ("n1.shard2", 40, 0, "n1"), ("n1.shard1", 50, 1, "n1"),
-        ("n1", 51, 1, "*"), ("n2", 67, 0, "")]))
-    assert [s.name for s in stages] == ["install", "n1", "n1.shard2", "n1.shard1", "n2"]
+        ("n1", 51, 1, "*"), ("openmpi.install", 90, 0, "&"), ("n2", 67, 0, "")]))
+    assert [s.name for s in stages] == ["install", "n1", "n1.shard2", "n1.shard1", "openmpi.install", "n2"]
     assert stages[1].counts == {"passed": 22, "failed": 1, "skipped": 2}
     assert stage_report.totals(stages) == {"passed": 3843, "failed": 1, "skipped": 1067, "error": 0}
     lines = stage_report.table(stages)
     assert lines[2].startswith("n1 (side by side)") and lines[3].startswith("  n1.shard2")
-    assert [s.name for s in stage_report.slowest(stages, 2)] == ["install", "n2"]
+    assert lines[5].startswith("openmpi.install (in the background)")
+    assert [s.name for s in stage_report.slowest(stages, 2)] == ["install", "n2"]  # not the background
 
 
 def test_over_the_budget_the_report_fails_and_names_the_slowest_stages(tmp_path, monkeypatch, capsys):
