@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Timed stages for scripts/test.sh (sourced). Each stage's output goes to the terminal and to
-# $STAGES/NAME.log, and a line "NAME <tab> seconds <tab> exit status <tab> group" to
-# $STAGES/stages.tsv, which scripts/stage_report.py turns into the closing table.
+# $FCOLL_STAGES/NAME.log, and a line "NAME <tab> seconds <tab> exit status <tab> group" to
+# $FCOLL_STAGES/stages.tsv, which scripts/stage_report.py turns into the closing table.
 #
 #   stage NAME CMD...        run CMD now (its exit status is stage's)
 #   beside GROUP NAME CMD... start CMD in the background, its output to its log only
@@ -13,8 +13,15 @@
 #
 # A nested scripts/test.sh (the Open MPI smoke) records into the same file, each name
 # prefixed with FCOLL_STAGE_PREFIX.
-STAGES=${STAGES:-$(mktemp -d "${TMPDIR:-/tmp}/fcoll-stages.XXXXXX")}
-export STAGES
+# FCOLL_STAGES names the folder (made here if unset; the outermost run removes a folder it
+# made once every stage passed).
+made_stages=0
+if [ -z "${FCOLL_STAGES:-}" ]; then
+  FCOLL_STAGES=$(mktemp -d "${TMPDIR:-/tmp}/fcoll-stages.XXXXXX")
+  made_stages=1
+fi
+export FCOLL_STAGES
+STAGES=$FCOLL_STAGES
 prefix=${FCOLL_STAGE_PREFIX:-}
 _beside_names=()
 _beside_pids=()

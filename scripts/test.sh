@@ -68,18 +68,13 @@ shm_before=$(ls /dev/shm 2>/dev/null | sort)
 for n in $sizes; do
   if [ "$n" = 1 ]; then
     shards=${FCOLL_SHARDS:-2}
-    # The shards share the two cores, and many of their tests start jobs whose ranks wait on
-    # purpose (hangs, deadlines, dead peers): MPICH's waiting ranks sleep between polls after
-    # a spin instead of holding a core (fcoll sets the same only where one job has more ranks
-    # than cores, fcoll.runtime.mpi_settings).
-    throttle=${MPIR_CVAR_CH4_PROGRESS_THROTTLE:-1}
     for k in $(seq 1 "$shards"); do
       mkdir -p "$STAGES/tmp-n1.$k"
-      MYPY_CACHE_DIR="$STAGES/tmp-n1.$k/.mypy_cache" MPIR_CVAR_CH4_PROGRESS_THROTTLE=$throttle beside n1 "n1.shard$k" \
+      MYPY_CACHE_DIR="$STAGES/tmp-n1.$k/.mypy_cache" beside n1 "n1.shard$k" \
         pytest_ 1 --shard "$k/$shards" --basetemp "$STAGES/tmp-n1.$k/pytest" "$@"
     done
     if [ "${FCOLL_FAKE_GPU_PASS:-1}" != 0 ]; then  # one process too: a third job beside them
-      FCOLL_FAKE_CUPY=1 MPIR_CVAR_CH4_PROGRESS_THROTTLE=$throttle beside n1 fakegpu.n1 pytest_ 1 "${gpu_files[@]}"
+      FCOLL_FAKE_CUPY=1 beside n1 fakegpu.n1 pytest_ 1 "${gpu_files[@]}"
     fi
     joined n1
     judge $?
@@ -129,5 +124,6 @@ if [ "$smoke" = 1 ]; then
 fi
 if [ -z "$prefix" ]; then  # the outermost run: the table, the totals, the budget
   "$PY" "$here/stage_report.py" "$STAGES" $((SECONDS - started)) || status=1
+  if [ "$status" = 0 ] && [ "$made_stages" = 1 ]; then rm -rf "$STAGES"; else echo "stage logs: $STAGES"; fi
 fi
 exit $status

@@ -17,9 +17,8 @@ from pathlib import Path
 from fcoll.runtime import mpi
 
 BIN = Path(sys.executable).parent
-# Set by MPICH's and Open MPI's launchers for the process they started (this pytest). MPICH's
-# settings (MPIR_CVAR_*) and MPIEXEC_TIMEOUT are the user's, and pass on to the job.
-_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPI_", "PMIX_", "OMPI_COMM_WORLD_")
+# Set by MPICH's and Open MPI's launchers for the process they started (this pytest).
+_LAUNCHER_VARS = ("PMI_", "HYDRA_", "MPI", "PMIX_", "OMPI_COMM_WORLD_")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 

@@ -202,10 +202,8 @@ def test_thread_level_warns_only_when_the_user_asked_for_one():
 # ------------------------------------------------------------------------- end to end
 
 def _environment(**extra: str) -> dict[str, str]:
-    """A fresh job's environment (no outer launcher's variables, none of the variables fcoll
-    sets for oversubscription: these tests look at what fcoll sets), this checkout first."""
-    env = {k: v for k, v in jobs.environment().items()
-           if k not in (*MPICH_VARS, mpi_settings.OPEN_MPI_YIELD)}
+    """A fresh job's environment (no outer launcher's variables), this checkout first."""
+    env = jobs.environment()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return {**env, **extra}
 
