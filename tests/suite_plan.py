@@ -10,7 +10,8 @@ Two pytest options, both off unless given (a plain ``pytest`` runs every test as
   once per pass in this one job: every rank switches the transport at the same point, between
   two tests (a session-scoped parameter: pytest runs a pass's tests together, in order), and
   a test's id names its pass (``test_x[world-via-numpy-float32]``). Tests of files no
-  selected pass is for are deselected: the plain run covers them.
+  selected pass is for, and tests that set the transport themselves under a pass that sets
+  only that, are deselected: the plain run covers them.
 
 Example (one rank of ``mpiexec -n 3``)::
 
@@ -28,29 +29,32 @@ from pathlib import Path
 
 import pytest
 
-# The files whose calls take another path when the transport setting changes.
-_EVERY_PATH = ("test_reductions.py", "test_coalesced.py", "test_movement.py", "test_fast.py",
-               "test_detail.py", "test_into.py")
-# These switch FCOLL_SHM inside their own tests or parameters (mpi and segment: test_shm and
-# test_shm_movement compare both in each test, test_scan and test_custom_ops take it as a
-# parameter), so they need the numpy-path pass only.
-_OWN_SWITCH = ("test_shm.py", "test_shm_movement.py", "test_scan.py", "test_custom_ops.py")
+# The reduction and movement files: their calls take another path when the setting changes.
+FILES = ("test_reductions.py", "test_coalesced.py", "test_movement.py", "test_fast.py",
+         "test_detail.py", "test_into.py", "test_shm.py", "test_shm_movement.py", "test_scan.py",
+         "test_custom_ops.py")
+# Fixtures that set FCOLL_SHM inside the test (test_scan's and test_custom_ops' `transport`
+# parameter, test_shm's `forced`): under a pass that only sets FCOLL_SHM such a test repeats
+# the plain run, so that pass leaves it out.
+SETS_SHM = ("transport", "forced")
 
 
 @dataclass(frozen=True)
 class Pass:
-    """A transport setting (environment variables every rank sees) and the files it is for."""
+    """A transport setting (environment variables every rank sees), the files it is for and
+    the fixtures whose tests it leaves out (they override the setting)."""
 
     name: str
     env: dict[str, str] = field(hash=False)
-    files: tuple[str, ...]
+    files: tuple[str, ...] = FILES
+    overridden_by: tuple[str, ...] = ()
 
 
 PASSES = {p.name: p for p in (
-    Pass("via-mpi", {"FCOLL_SHM": "0"}, _EVERY_PATH),  # every size through MPI
-    Pass("via-segment", {"FCOLL_SHM": "1"}, _EVERY_PATH),  # every size through the segment
+    Pass("via-mpi", {"FCOLL_SHM": "0"}, overridden_by=SETS_SHM),  # every size through MPI
+    Pass("via-segment", {"FCOLL_SHM": "1"}, overridden_by=SETS_SHM),  # every size, the segment
     # the segment stepped by fcoll's numpy code instead of the compiled core
-    Pass("via-numpy", {"FCOLL_SHM": "1", "FCOLL_NATIVE": "0"}, _EVERY_PATH + _OWN_SWITCH),
+    Pass("via-numpy", {"FCOLL_SHM": "1", "FCOLL_NATIVE": "0"}),
 )}
 
 
@@ -115,7 +119,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep = list(items)
     if config.getoption("transport_passes") is not None:
-        keep = [item for item in keep if isinstance(_param(item), Pass)]
+        keep = [item for item in keep if _in_pass(item)]
     text = config.getoption("shard")
     if text is not None:
         k, n = shard(text)
@@ -126,9 +130,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def _param(item: pytest.Item) -> object:
+def _in_pass(item: pytest.Item) -> bool:
+    """Whether ``item`` runs in a pass: parametrized with one, and not overriding its setting."""
     callspec = getattr(item, "callspec", None)
-    return None if callspec is None else callspec.params.get("transport_pass")
+    chosen = None if callspec is None else callspec.params.get("transport_pass")
+    fixtures = getattr(item, "fixturenames", ())
+    return isinstance(chosen, Pass) and not any(name in fixtures for name in chosen.overridden_by)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -35,12 +35,27 @@ def test_passes_are_named_and_unknown_names_refused():
         suite_plan.passes("shm=0")
 
 
-def test_every_pass_file_exists_and_the_numpy_pass_covers_every_file():
-    files = {name for p in suite_plan.PASSES.values() for name in p.files}
+def test_every_pass_covers_every_file_the_job_runs():
+    files = suite_plan.FILES
     assert all((ROOT / "tests" / name).exists() for name in files), files
-    assert set(suite_plan.PASSES["via-numpy"].files) == files
+    assert all(p.files == files for p in suite_plan.PASSES.values())
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert all(f"tests/{name}" in script for name in files)  # the job runs each file
+
+
+def test_a_pass_leaves_out_only_the_tests_that_override_its_setting():
+    """Under FCOLL_SHM=0 or 1 a test with test_scan's `transport` parameter repeats the plain
+    run; under the numpy pass it does not (the engine differs), and a test without it runs."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           "--transport-passes", "via-mpi,via-segment,via-numpy", "tests/test_scan.py"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    own = [i for i in ids if "::test_rank_order_at_every_size_and_transport[" in i]
+    assert own and all("-via-numpy-" in i for i in own), own[:3]
+    for name in ("via-mpi", "via-segment", "via-numpy"):  # a test without its own switch
+        assert any(i.startswith("tests/test_scan.py::test_every_dtype_and_op[") and name in i
+                   for i in ids), name
+    assert "deselected" in done.stdout
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
