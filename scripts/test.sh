@@ -7,8 +7,8 @@
 #   n2, n3, n4       the whole suite at world sizes 2, 3 and 4
 #   transports.nK    at 2, 3 and 4: the reduction and movement files once per transport pass
 #                    in one job (FCOLL_SHM=0; FCOLL_SHM=1; FCOLL_SHM=1 FCOLL_NATIVE=0, the numpy
-#                    path instead of the compiled core; tests/suite_plan.py says which files
-#                    each pass is for). FCOLL_SHM_PASS=0 skips them
+#                    path instead of the compiled core; tests/suite_plan.py leaves out only
+#                    exact repeats). FCOLL_SHM_PASS=0 skips them
 #   sanitize         the compiled core under AddressSanitizer and UBSan: its own tests, the
 #                    segment tests at one world size, the stress job (scripts/sanitize.sh;
 #                    FCOLL_SANITIZE_PASS=0 skips it)
