@@ -3,7 +3,6 @@ transport passes that name their files, and the closing table with its time budg
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import fcoll as fc
-from tests import suite_plan
+from tests import jobs, suite_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -48,7 +47,9 @@ def test_a_pass_leaves_out_only_the_tests_that_override_its_setting():
     run; under the numpy pass it does not (the engine differs), and a test without it runs."""
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
            "--transport-passes", "via-mpi,via-segment,via-numpy", "tests/test_scan.py"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=jobs.environment())  # a pytest of its own, not a rank of this job
+    assert done.returncode == 0, done.stdout + done.stderr
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     own = [i for i in ids if "::test_rank_order_at_every_size_and_transport[" in i]
     assert own and all("-via-numpy-" in i for i in own), own[:3]
@@ -70,7 +71,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         def test_b():
             print("RAN b")
     """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**jobs.environment(), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:fcoll.testing", "-q", "-s",
                            "-p", "no:cacheprovider", *args, str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
