@@ -86,11 +86,11 @@ def read(directory: Path) -> list[Stage]:
 
 def table(stages: list[Stage]) -> list[str]:
     """One line per stage; members of a side-by-side group indented under it."""
-    width = max([len(s.name) + 4 for s in stages] + [28])
+    labels = [{"": s.name, "*": f"{s.name} (side by side)",
+               "&": f"{s.name} (in the background)"}.get(s.group, f"  {s.name}") for s in stages]
+    width = max([len(label) for label in labels] + [28])
     lines = [f"{'stage':<{width}} {'wall s':>7} {'status':>7} " + " ".join(f"{k:>8}" for k in KINDS)]
-    for s in stages:
-        label = {"": s.name, "*": f"{s.name} (side by side)",
-                 "&": f"{s.name} (in the background)"}.get(s.group, f"  {s.name}")
+    for s, label in zip(stages, labels, strict=True):
         cells = " ".join(f"{s.counts.get(k, 0) if s.counts else '-':>8}" for k in KINDS)
         lines.append(f"{label:<{width}} {s.seconds:>7} {s.status:>7} {cells}")
     return lines
