@@ -19,10 +19,11 @@ from fcoll.groups.group import Group, get_rank, get_world_size, init, is_initial
 from fcoll.groups.mesh import Mesh
 from fcoll.groups.subgroups import new_subgroups, new_subgroups_by_enumeration
 from fcoll.policy.ops import ReduceOp, premul_sum
-from fcoll.runtime import abort
+from fcoll.runtime import abort, finalize
 
 __version__ = "0.1.0"
 
+finalize.install()  # free fcoll's MPI objects before MPI_Finalize (runs after the hook's check)
 excepthook.install()  # an exception that ends one rank's script ends the job (FCOLL_ABORT_ON_ERROR)
 _autograd.install()  # tensors that require grad get a grad_fn (fcoll.torch.autograd)
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 from fcoll.runtime import mpi
@@ -42,6 +45,9 @@ def environment() -> dict[str, str]:
     return env
 
 
+_environment = environment
+
+
 def run(n: int, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``args`` on ``n`` ranks; stdout and stderr without terminal escape codes.
 
@@ -51,3 +57,22 @@ def run(n: int, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
                           env=environment(), capture_output=True, text=True, timeout=timeout)
     done.stdout, done.stderr = _ANSI.sub("", done.stdout), _ANSI.sub("", done.stderr)
     return done
+
+
+def script(tmp_path: Path, body: str, n: int = 2, env: dict[str, str] | None = None,
+           limit: float = 60, wrap: list[str] | None = None) -> tuple[int, str, float]:
+    """Run ``body`` after ``import fcoll as fc`` (with ``r`` the rank) on ``n`` ranks with
+    plain ``python``; the exit status, stdout + stderr, and the seconds it took. ``wrap``:
+    a command that runs the launcher's command line, given as its last argument (a shell
+    that sets up a private network first, say)."""
+    path = tmp_path / "job.py"
+    path.write_text("import os, sys, time\nimport numpy as np\nimport fcoll as fc\n"
+                    "r = fc.get_rank()\n" + textwrap.dedent(body))
+    environment = {**_environment(), "FCOLL_STALL_WARN": "0", **(env or {})}
+    line = command(n, sys.executable, str(path))
+    if wrap is not None:
+        line = [*wrap, shlex.join(line)]
+    start = time.monotonic()
+    done = subprocess.run(line, env=environment, capture_output=True, text=True, timeout=limit,
+                          stdin=subprocess.DEVNULL)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - start

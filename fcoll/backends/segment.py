@@ -40,6 +40,7 @@ from fcoll.calls import fingerprint
 from fcoll.calls.errors import timed_out
 from fcoll.calls.work import Call
 from fcoll.diagnostics import flight, flight_report
+from fcoll.runtime import finalize
 
 LINE = 128  # control bytes per rank: the numpy path uses the first 64-byte line, the C core both
 ARRIVED, ANNOUNCE = 0, 2  # int64 words of a rank's control line (ANNOUNCE + 2 * parity: fp, count)
@@ -67,8 +68,9 @@ class Segment:
         array([1., 1.])
     """
 
-    def __init__(self, node: Any, capacity: int, core: Any = None) -> None:
+    def __init__(self, node: Any, capacity: int, core: Any = None, owner: Any = None) -> None:
         self.node = node
+        self.owner = owner  # the group (a segment of a group whose call missed its deadline stays at exit)
         self.n, self.rank = node.Get_size(), node.Get_rank()
         self._step = 0  # the last step taken (equal on every rank), when the core does not step
         self._earlier = 0  # steps taken in the windows before this one (`taken`)
@@ -76,6 +78,7 @@ class Segment:
         self._native = core  # the compiled core's module (fcoll.backends.native), or None
         self.core: Any = None  # its Core for this window: every step goes through it
         self._allocate(round_up(max(capacity, 1)))
+        self._forget = finalize.on_exit(finalize.SEGMENTS, self._at_exit)
 
     @property
     def step(self) -> int:
@@ -254,5 +257,12 @@ class Segment:
 
     def free(self) -> None:
         """Free the window and the node communicator (collective over the group)."""
+        self._forget()
         self._release()
         self.node.Free()
+
+    def _at_exit(self) -> None:
+        """At exit (`fcoll.runtime.finalize`): free the window, unless the group broke (a
+        missed deadline: its peers may never come to the collective free)."""
+        if self.win is not None and getattr(self.owner, "broken", None) is None:
+            self.free()

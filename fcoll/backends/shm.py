@@ -126,7 +126,7 @@ def attach(call: Call) -> Segment | None:
         node.Free()
         return None
     core = native.module() if native.running() and node.Get_size() <= native.MAX_RANKS else None
-    return Segment(node, 64 << 10, core)
+    return Segment(node, 64 << 10, core, owner=call.group)
 
 
 def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int,

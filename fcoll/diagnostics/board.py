@@ -125,6 +125,14 @@ class Board:
         line[TIME] = int(time.time() * 1e6)
         line[STATE] = state
 
+    def free(self) -> None:
+        """Free the window and the node communicator (collective over the node's ranks;
+        at exit, `fcoll.diagnostics.watch`)."""
+        del self.words, self.mine
+        self.mem = np.empty(0, np.uint8)
+        self.win.Free()
+        self.node.Free()
+
     def lines(self) -> list[Line]:
         """Every rank's line on this node (this rank's own included), by node rank."""
         out = []

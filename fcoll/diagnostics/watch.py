@@ -45,7 +45,7 @@ from typing import Any
 from fcoll import runtime
 from fcoll.diagnostics import board as _board
 from fcoll.diagnostics import flight, mpi_errors, stall_report
-from fcoll.runtime import launcher
+from fcoll.runtime import finalize, launcher
 
 WARN_ENV, ABORT_ENV = "FCOLL_STALL_WARN", "FCOLL_STALL_ABORT"
 DEFAULT_WARN = 60.0
@@ -143,17 +143,24 @@ class Watch:
         self.main = threading.main_thread().ident
         self.wait: Wait | None = None
         self.free_since = time.monotonic()  # last tick that saw the main thread outside fcoll
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="fcoll stall watch", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while True:
-            time.sleep(self.tick)
+        while not self.stopping.wait(self.tick):
             try:
                 self.check()
             except Exception as error:  # the watch must never take the job down by itself
                 sys.stderr.write(f"[rank {self.rank}] fcoll: the stall watch stopped: {error!r}\n")
                 return
+
+    def stop(self) -> None:
+        """End the thread (at exit, before the board it writes is freed); a tick in
+        progress finishes first."""
+        self.stopping.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=5.0)
 
     def check(self) -> None:
         """One tick: what the main thread waits in; publish; report or end the job."""
@@ -237,6 +244,16 @@ def start(comm_world: Any) -> None:
     board = _board.Board(node)
     board.publish(_board.RUNNING)
     WATCH.append(Watch(board, warn, stall_abort, ends))
+    finalize.on_exit(finalize.BOARD, _stop)
+
+
+def _stop() -> None:
+    """At exit (`fcoll.runtime.finalize`): stop the thread, then free the board
+    (collective over the node's ranks)."""
+    watch = WATCH.pop()
+    watch.stop()
+    if watch.board is not None and not watch.thread.is_alive():
+        watch.board.free()
 
 
 def ended(reason: str, failed: bool) -> None:
