@@ -90,3 +90,12 @@ def test_every_kind_of_group_and_call_ends_clean_on_tcp(tmp_path, tcp, n):
         print("done", r)
     """, n, {**tcp, **FAKE_NODES, "FCOLL_STALL_WARN": "60"})
     assert out.count("done") == n, out
+
+
+def test_a_job_whose_group_missed_a_deadline_exits_0_on_tcp(tmp_path, tcp):
+    """A group broken by a missed deadline (its segment made first) still has its window
+    freed: every rank reaches the end of its script, so all free it together."""
+    from tests.test_late_rank import BODY
+
+    out = _clean(tmp_path, BODY.format(folder=str(tmp_path), deadline=0.5, earlier=1), 2, tcp)
+    assert "rank 1 late raised" in out, out

@@ -70,7 +70,7 @@ class Segment:
 
     def __init__(self, node: Any, capacity: int, core: Any = None, owner: Any = None) -> None:
         self.node = node
-        self.owner = owner  # the group (a segment of a group whose call missed its deadline stays at exit)
+        self.owner = owner  # the group
         self.n, self.rank = node.Get_size(), node.Get_rank()
         self._step = 0  # the last step taken (equal on every rank), when the core does not step
         self._earlier = 0  # steps taken in the windows before this one (`taken`)
@@ -262,7 +262,6 @@ class Segment:
         self.node.Free()
 
     def _at_exit(self) -> None:
-        """At exit (`fcoll.runtime.finalize`): free the window, unless the group broke (a
-        missed deadline: its peers may never come to the collective free)."""
-        if self.win is not None and getattr(self.owner, "broken", None) is None:
+        """At exit (`fcoll.runtime.finalize`, once every rank is there): free the window."""
+        if self.win is not None:
             self.free()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fcoll import runtime
+from fcoll.calls import notices
 from fcoll.diagnostics import flight, flight_report
 
 
@@ -54,9 +55,8 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
     """Mark ``group`` unusable and build the error for a call that missed its deadline."""
     reason = (f"{fn} (call #{seq} on the group) did not complete within its "
               f"{seconds:g} s deadline")
-    group.broken = reason
-    group.usable = False
-    runtime.changed()  # caches that assume a healthy group drop it
+    _break(group, reason)
+    notices.send(group, seq, seconds)  # the peers that come later raise too
     error = CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
         "call, or died. The group is now unusable; fcoll.abort() ends the job")
@@ -64,6 +64,30 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
         error.flight_record = flight_report.collect(
             f"{fn} missed its deadline on group {list(group.ranks)}", REPORT_SECONDS)
     return error
+
+
+def _break(group: Any, reason: str) -> None:
+    group.broken = reason
+    group.usable = False
+    runtime.changed()  # caches that assume a healthy group drop it
+
+
+def check_notices(call: Any) -> None:
+    """`CollectiveTimeoutError` if a peer gave up on ``call``'s group at this call or an
+    earlier one (`fcoll.calls.notices`): the call can never complete, or completed against
+    what that peer left behind. The group becomes unusable here too."""
+    notice = notices.heard(call.group)
+    if notice is None:
+        return
+    seq, rank, seconds = notice
+    group = call.group
+    flight.fail(call.slot)
+    reason = (f"{call.fn} (call #{group.seq} on the group) cannot complete: rank {rank} gave up "
+              f"on call #{seq} at its {seconds:g} s deadline")
+    _break(group, reason)
+    raise CollectiveTimeoutError(
+        f"{reason} on group ranks {list(group.ranks)}, before this rank arrived. The group is "
+        "now unusable; fcoll.abort() ends the job")
 
 
 # How long the ranks' records are gathered for a missed deadline's report: a small fixed

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from fcoll import runtime
-from fcoll.calls.errors import timed_out
+from fcoll.calls.errors import check_notices, timed_out
 from fcoll.diagnostics import flight, flight_report
 from fcoll.runtime import Timeout, to_seconds
 
@@ -78,7 +78,10 @@ class Call:
         return self.comm
 
     def end(self) -> None:
-        """The call's message completed (the flight recorder's end time)."""
+        """The call's message completed (the flight recorder's end time). A call with a
+        deadline first checks that no peer gave up on it (`fcoll.calls.notices`)."""
+        if self.seconds is not None:
+            check_notices(self)
         if self.slot >= 0:
             flight.end(self.slot)
 
@@ -118,10 +121,18 @@ def wait_request(request: Any, call: Call) -> None:
     while not request.Test():
         if time.monotonic() - call.start > seconds:
             flight.fail(call.slot)
+            ABANDONED.append(request)  # it holds the buffers MPI may still touch
             raise timed_out(call.fn, call.group, seconds, call.group.seq)
         pause = backoff(started, pause)
         flight_report.serve()  # a report in progress elsewhere gets this rank's record
+        check_notices(call)
     call.end()
+
+
+# Requests left in flight by calls that missed their deadline: kept (with the buffers they
+# hold) for the life of the process, since MPI cannot cancel a collective and a late peer
+# may still complete it.
+ABANDONED: list[Any] = []
 
 
 def wait_requests(requests: list[Any], call: Call) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from fcoll import runtime
 from fcoll.backends import native
+from fcoll.calls import notices
 from fcoll.calls.work import Call
 from fcoll.diagnostics import flight_report, watch
 from fcoll.groups.active_meshes import axis_group, mesh_stack
@@ -263,6 +264,7 @@ def init(*, timeout: Timeout = None, debug: str | None = None) -> None:
         runtime.check_launcher(MPI)  # a launcher of another MPI: every rank alone
         state.world = Group(MPI.COMM_WORLD.Dup(), tuple(range(MPI.COMM_WORLD.size)))
         flight_report.start(MPI.COMM_WORLD)  # the flight recorder's own communicator
+        notices.start(MPI.COMM_WORLD)  # a rank that gives up at a deadline tells its peers
         watch.start(MPI.COMM_WORLD)  # the stall watch and the node board (fcoll.diagnostics.watch)
         native.agree(state.world._comm)  # the compiled shared-memory core: every rank or none
     runtime.configure(timeout, debug)
