@@ -37,7 +37,7 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.calls import fingerprint
-from fcoll.calls.errors import timed_out
+from fcoll.calls.errors import check_notices, timed_out
 from fcoll.calls.work import Call
 from fcoll.diagnostics import flight, flight_report
 from fcoll.runtime import finalize
@@ -114,7 +114,15 @@ class Segment:
         if self._native is not None:
             self.core = self._native.Core(self.mem, self.n, self.rank, capacity, self.head, CHUNK,
                                           0, runtime.OVERSUBSCRIBED)
-            self.core.serve = flight_report.serve  # a report in progress gets this rank's record
+            self.core.serve = self.serve  # now and then while the core sleeps
+
+    def serve(self) -> None:
+        """Now and then while a wait sleeps: a report in progress elsewhere gets this rank's
+        record, and a peer's notice that it gave up on this call ends the wait
+        (`fcoll.calls.notices`)."""
+        flight_report.serve()
+        if self.owner is not None:
+            check_notices(self.owner.call)
 
     def rows(self, nbytes: int, dtype: np.dtype[Any]) -> list[list[np.ndarray]]:
         """The first ``nbytes`` of every slot as ``dtype``, by parity then rank (kept: a
@@ -235,7 +243,7 @@ class Segment:
                 continue
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
-            flight_report.serve()  # a report in progress elsewhere gets this rank's record
+            self.serve()
 
     def grow(self, capacity: int) -> None:
         """Replace the window by one with ``capacity`` bytes per slot (collective; every

@@ -262,6 +262,7 @@ def ended(reason: str, failed: bool) -> None:
     if not WATCH or WATCH[0].board is None:
         return
     watch, board = WATCH[0], WATCH[0].board
+    watch.stop()  # its ticks would publish RUNNING again while this rank waits at exit
     board.publish(_board.FAILED if failed else _board.ENDED, None, group_seqs(), reason)
     mine = {serial: (g.seq, g.ranks) for serial, g in list(_GROUPS.items())}
     if not watch.ends or stall_report.abandoned(mine, board.lines(), watch.rank, reason) is None:
