@@ -279,12 +279,9 @@ def ialltoallv(call: Call, send: np.ndarray, send_counts: Sequence[int], out: np
 
 
 def barrier(call: Call) -> None:
-    comm = call.begin()
-    if call.seconds is None:
-        comm.Barrier()
-        call.end()
-    else:
-        wait_request(comm.Ibarrier(), call)
+    """``MPI_Ibarrier``, polled (`wait_request`): a rank that waits long sleeps between
+    polls instead of spinning in MPI's progress loop, deadline or not."""
+    wait_request(call.begin().Ibarrier(), call)
 
 
 def allgather_ints(call: Call, values: Sequence[int]) -> np.ndarray:

@@ -19,16 +19,16 @@ barrier. Writes are plain stores in program order (data, then the flag), which x
 memory model (TSO) keeps in order for the other cores; elsewhere ``MPI.Win.Sync`` fences
 them.
 
-Waiting polls the flags (`Segment.exchange`): a busy spin that, with more ranks than cores,
-yields the core at every poll (`os.sched_yield`) so the peer it waits for can run, as the
-MPI path's polls do (`fcoll.calls.work.backoff`); after ``YIELD_SECONDS`` it sleeps between polls;
+Waiting polls the flags (`Segment.exchange`): ``SPINS`` polls of a busy spin, then for
+``YIELD_SECONDS`` a yield of the core and the GIL at every poll (``time.sleep(0)``), then
+sleeps between polls, doubling from 10 µs to 1 ms (the compiled core sleeps on a futex
+instead, woken by the arriving rank: `fcoll.backends._shmcore`);
 a call with a deadline raises `fcoll.calls.errors.CollectiveTimeoutError` once it passes, as the
 MPI path does.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from typing import Any
@@ -48,7 +48,7 @@ CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB 
 ALIGN = 4096
 ROWS_KEPT = 64  # (size, dtype) views kept per segment
 SPINS = 64  # polls before the first yield
-YIELD_SECONDS = 0.05  # then yield the core at every poll this long, then sleep
+YIELD_SECONDS = 2e-4  # then yield the core (and the GIL) at every poll this long, then sleep
 FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -238,8 +238,7 @@ class Segment:
                 flight.fail(call.slot)
                 raise timed_out(call.fn, call.group, seconds, call.group.seq)
             if now - started < YIELD_SECONDS:
-                if runtime.OVERSUBSCRIBED:  # the peer we wait for may need this core
-                    os.sched_yield()
+                time.sleep(0)  # a yield that lets the process's other threads take the GIL
                 continue
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)

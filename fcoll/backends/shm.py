@@ -34,6 +34,7 @@ import numpy as np
 from fcoll import runtime
 from fcoll.backends import native
 from fcoll.backends.segment import CHUNK, Segment
+from fcoll.calls import fingerprint
 from fcoll.calls.work import Call, wait_request
 from fcoll.diagnostics.board import NODE_ENV as NODE_ENV
 from fcoll.diagnostics.board import node_size_setting, split_node
@@ -43,12 +44,13 @@ ENV = "FCOLL_SHM"
 # Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
 # did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
 # (bench/shm_movement.py).
-MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10,
+MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10, "barrier": 0,
              "broadcast": 128 << 10}
 MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
 # With the compiled core stepping (fcoll.backends.native), from the first byte
 # (bench/shm_movement.py, docs/performance.md).
-NATIVE_MIN_BYTES = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0}
+NATIVE_MIN_BYTES = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0,
+                    "barrier": 0}
 NATIVE_MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
@@ -354,6 +356,25 @@ def broadcast_step(seg: Segment, call: Call, x: np.ndarray, root: int, fp: int) 
     flat = out.reshape(-1)
     flat[...] = seg.exchange(flat, call, fp, flat.size, send=False)[root]
     return out
+
+
+BARRIER = fingerprint.of("barrier", "", np.dtype(np.uint8))
+
+
+def barrier(call: Call) -> None:
+    """Wait until every rank of the group arrived: one step that only announces (a rank in
+    another call raises `fcoll.calls.errors.CollectiveMismatchError` on every rank); a rank
+    that waits long sleeps rather than spin (`fcoll.backends.segment`).
+
+    Example:
+        >>> barrier(call)                # every rank of a group on one node
+    """
+    seg = _segment(call)
+    if seg.core is not None:
+        seg.native(call, seg.core.announce, BARRIER, 0)
+    else:
+        seg.exchange(np.empty(0, np.uint8), call, BARRIER, 0, send=False)
+    call.end()
 
 
 def _segment(call: Call) -> Segment:
