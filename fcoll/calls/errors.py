@@ -75,7 +75,8 @@ def _break(group: Any, reason: str) -> None:
 def check_notices(call: Any) -> None:
     """`CollectiveTimeoutError` if a peer gave up on ``call``'s group at this call or an
     earlier one (`fcoll.calls.notices`): the call can never complete, or completed against
-    what that peer left behind. The group becomes unusable here too."""
+    what that peer left behind. The group becomes unusable here too; the error carries the
+    flight record, as a missed deadline's does."""
     notice = notices.heard(call.group)
     if notice is None:
         return
@@ -85,9 +86,13 @@ def check_notices(call: Any) -> None:
     reason = (f"{call.fn} (call #{group.seq} on the group) cannot complete: rank {rank} gave up "
               f"on call #{seq} at its {seconds:g} s deadline")
     _break(group, reason)
-    raise CollectiveTimeoutError(
-        f"{reason} on group ranks {list(group.ranks)}, before this rank arrived. The group is "
-        "now unusable; fcoll.abort() ends the job")
+    error = CollectiveTimeoutError(
+        f"{reason} on group ranks {list(group.ranks)}. The group is now unusable; "
+        "fcoll.abort() ends the job")
+    if flight.RING:
+        error.flight_record = flight_report.collect(
+            f"{call.fn}: rank {rank} gave up on group {list(group.ranks)}", REPORT_SECONDS)
+    raise error
 
 
 # How long the ranks' records are gathered for a missed deadline's report: a small fixed
