@@ -27,7 +27,7 @@ DTYPES = [np.dtype(d) for d in ("uint8", "int8", "uint16", "int16", "uint32", "i
 DTYPES.insert(9, BF16)
 UFUNCS = [np.add, np.multiply, np.minimum, np.maximum, np.bitwise_and, np.bitwise_or, np.bitwise_xor]
 CAPACITY, HEAD, FP = 1 << 18, 4096, 12345
-PER_RANK = 128  # control bytes per rank (two 64-byte lines, by parity)
+PER_RANK = 192  # control bytes per rank (two 64-byte step lines, by parity, then the wake line)
 
 
 class Peers:
