@@ -3,12 +3,23 @@ rank 0 of a segment whose peers are stand-ins that have always arrived, their da
 where the core reads it (the control line for messages up to 40 bytes, the slot above).
 Every fold (type x op, avg, premul_sum, scan) is checked bit for bit against numpy's
 rank-order fold, as fcoll's numpy path computes it; float16 and bfloat16 sums go through
-every bit pattern of the first operand. Runs in the world-size-1 pass; the suite's MPI
-passes check the core between real processes (FCOLL_SHM=1, tests/test_native_stress.py).
+every bit pattern of the first operand; every call releases the GIL for its steps. These
+run in the world-size-1 pass; the suite's MPI passes check the core between real processes
+(FCOLL_SHM=1, tests/test_native_stress.py).
+
+The tests marked ``mpi`` wait in a real segment for a late peer (at world sizes 2 and more,
+under a launcher or in the jobs fcoll.testing starts): the waiting rank sleeps (almost no
+CPU time), its other threads run, and a deadline still raises on time.
 """
 
 from __future__ import annotations
 
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_dtypes
@@ -16,18 +27,20 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll.backends import native
+from fcoll import runtime
+from fcoll.backends import native, segment, shm
+from fcoll.calls import errors
 
 core_module = native.module()
-pytestmark = [pytest.mark.skipif(fc.get_world_size() != 1, reason="one process"),
-              pytest.mark.skipif(core_module is None, reason="the compiled core is not built")]
+pytestmark = pytest.mark.skipif(core_module is None, reason="the compiled core is not built")
+one_process = pytest.mark.skipif(fc.get_world_size() != 1, reason="one process")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(d) for d in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
                                 "int64", "float16", "float32", "float64", "complex64", "complex128")]
 DTYPES.insert(9, BF16)
 UFUNCS = [np.add, np.multiply, np.minimum, np.maximum, np.bitwise_and, np.bitwise_or, np.bitwise_xor]
 CAPACITY, HEAD, FP = 1 << 18, 4096, 12345
-PER_RANK = 128  # control bytes per rank (two 64-byte lines, by parity)
+PER_RANK = 192  # control bytes per rank (two 64-byte step lines, by parity, then the wake line)
 
 
 class Peers:
@@ -52,6 +65,14 @@ class Peers:
             else:
                 slot = HEAD + ((step & 1) * self.n + j) * self.capacity
                 self.mem[slot : slot + data.nbytes] = data
+
+    def always_arrived(self, count: int, fp: int = FP) -> None:
+        """Ranks 1..n-1 arrived at every step to come (both parities), announcing ``fp`` and
+        ``count``, their data whatever their slots hold: the core's calls never wait."""
+        for j in range(1, self.n):
+            for parity in (0, 1):
+                line = j * PER_RANK + parity * 64
+                self.mem[line : line + 24].view(np.int64)[:] = (1 << 62, fp, count)
 
 
 def rank_order(rows: list[np.ndarray], ufunc: np.ufunc, avg: bool = False) -> np.ndarray:
@@ -100,6 +121,7 @@ def cases() -> list[tuple[np.dtype[Any], np.ufunc]]:
     return found
 
 
+@one_process
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize(("dtype", "ufunc"), cases(), ids=lambda v: getattr(v, "__name__", str(v)))
 def test_every_fold_is_numpys_rank_order_fold(n, dtype, ufunc):
@@ -114,6 +136,7 @@ def test_every_fold_is_numpys_rank_order_fold(n, dtype, ufunc):
         assert_same_bits(got, rank_order(rows, ufunc))
 
 
+@one_process
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("dtype", [np.dtype("float16"), BF16, np.dtype("float32"), np.dtype("float64")])
 def test_avg_and_premul_sum_fold_as_the_numpy_path(n, dtype):
@@ -135,6 +158,7 @@ def test_avg_and_premul_sum_fold_as_the_numpy_path(n, dtype):
     assert_same_bits(peers.core.allreduce(rows[0], *scaled, FP, -1.0), want)
 
 
+@one_process
 @pytest.mark.parametrize("dtype", [np.dtype("float16"), BF16])
 @pytest.mark.parametrize("ufunc", [np.add, np.maximum, np.multiply])
 def test_half_folds_round_every_bit_pattern_as_numpy(dtype, ufunc):
@@ -153,6 +177,7 @@ def test_half_folds_round_every_bit_pattern_as_numpy(dtype, ufunc):
         assert_same_bits(peers.core.allreduce(first, *kernel, FP, -1.0), rank_order([first, other], ufunc))
 
 
+@one_process
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("exclusive", [False, True])
 def test_scan_folds_the_ranks_before_this_one(n, exclusive):
@@ -172,6 +197,7 @@ def test_scan_folds_the_ranks_before_this_one(n, exclusive):
     assert_same_bits(got, rank_order(rows[: n - 1] if exclusive else rows, np.add))
 
 
+@one_process
 def test_reduce_scatter_all_gather_and_broadcast_move_the_right_bytes():
     n, rng = 3, np.random.default_rng(3)
     rows = [sample(np.dtype("int32"), 3 * 700, rng, r) for r in range(n)]
@@ -189,6 +215,7 @@ def test_reduce_scatter_all_gather_and_broadcast_move_the_right_bytes():
     np.testing.assert_array_equal(peers.core.broadcast(np.empty_like(rows[0]), 2, FP, -1.0), rows[2])
 
 
+@one_process
 def test_a_peer_that_announces_something_else_raises_mismatch_with_the_step():
     peers = Peers(2)
     x = np.ones(4, np.float32)
@@ -202,9 +229,8 @@ def test_a_peer_that_announces_something_else_raises_mismatch_with_the_step():
         peers.core.allreduce(x, *kernel, FP, -1.0)
 
 
+@one_process
 def test_a_peer_that_never_arrives_misses_the_deadline():
-    import time
-
     peers = Peers(2)
     x = np.ones(4, np.float32)
     peers.publish([x], 4, arrived=False)
@@ -214,6 +240,7 @@ def test_a_peer_that_never_arrives_misses_the_deadline():
     assert 0.2 <= time.monotonic() - start < 0.7
 
 
+@one_process
 def test_what_the_core_does_not_take_is_handed_back():
     """A non-contiguous input, or a message larger than a step the segment holds: None (the
     caller's numpy path); the step is not taken."""
@@ -224,3 +251,197 @@ def test_what_the_core_does_not_take_is_handed_back():
     assert peers.core.step == 0
     with pytest.raises(ValueError, match="no fold"):
         peers.core.allreduce(np.ones(2), 99, 0, 0, 1.0, FP, -1.0)
+
+
+@one_process
+def test_the_layouts_agree():
+    """The numpy path's control bytes per rank are the core's (the window holds either)."""
+    assert core_module.PER_RANK == PER_RANK == segment.LINE
+
+
+class Counter:
+    """A thread that counts the turns of its loop: it turns only while it holds the GIL."""
+
+    def __init__(self) -> None:
+        self.turns, self.stop = 0, False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop:
+            self.turns += 1
+
+    def __enter__(self) -> Counter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop = True
+        self.thread.join()
+
+    def during(self, fn: Callable[[], object], seconds: float) -> int:
+        """The turns it takes while this thread calls ``fn`` again and again for ``seconds``."""
+        first, end = self.turns, time.monotonic() + seconds
+        while time.monotonic() < end:
+            fn()
+        return self.turns - first
+
+
+def _calls(peers: Peers, x: np.ndarray) -> dict[str, Callable[[], object]]:
+    """Rank 0's call of each kind on ``x`` (rank 1, the stand-in, is broadcast's root)."""
+    core = peers.core
+    kernel = native.kernel(x.dtype, np.add, False, None)
+    out = np.empty_like(x)
+    return {"allreduce": lambda: core.allreduce(x, *kernel, FP, -1.0),
+            "allreduce_into": lambda: core.allreduce_into(out, x, *kernel, FP, -1.0),
+            "scan": lambda: core.scan(x, *kernel, FP, -1.0),
+            "reduce_scatter": lambda: core.reduce_scatter(x, *kernel, FP, -1.0),
+            "allgather": lambda: core.allgather(x, None, FP, -1.0),
+            "broadcast": lambda: core.broadcast(x, 1, FP, -1.0)}
+
+
+@one_process
+@pytest.mark.parametrize("kind", ["allreduce", "allreduce_into", "scan", "reduce_scatter", "allgather",
+                                  "broadcast"])
+def test_every_call_releases_the_gil_for_its_steps(kind):
+    """Peers on time, a call of about 0.1 s of copies and folds (1 MiB steps): a thread that
+    waits for the GIL gets it during the call, not after it (holding the GIL for its steps,
+    the core would let it run only once the call returned)."""
+    peers = Peers(2, capacity=1 << 20, chunk=1 << 20)
+    size = 1 << 20
+    while True:  # a message whose call takes 0.1 s or more (its pages once touched)
+        x = np.ones(size, np.float64)
+        peers.always_arrived(x.size)
+        call = _calls(peers, x)[kind]
+        took = []
+        for _ in range(2):
+            start = time.monotonic()
+            call()
+            took.append(time.monotonic() - start)
+        if min(took) >= 0.1 or size >= 1 << 24:
+            break
+        size *= 2
+    gate, got = threading.Lock(), []
+    gate.acquire()
+
+    def other() -> None:
+        with gate:  # waits without the GIL; then takes it to go on
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    time.sleep(0.05)  # it waits at the gate
+    start = time.monotonic()
+    gate.release()
+    call()
+    end = time.monotonic()
+    thread.join()
+    assert got[0] - start < (end - start) / 2, \
+        f"the other thread ran {got[0] - start:.4f} s into a call of {end - start:.4f} s"
+
+
+# ---- waiting in a real segment (world sizes 2 and more) --------------------------------------
+
+LATE = 1.0  # seconds the last rank arrives after the others
+CPU_LIMIT = 0.02  # CPU seconds a rank may use waiting for it (about 0.007 here; 0.07 when it spun
+#                   for 50 ms before sleeping in 1 ms naps)
+FUTEX = sys.platform.startswith("linux")  # elsewhere the core naps (1 ms): the CPU time is not checked
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this thread (of the process where a thread's is not to be had)."""
+    usage = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.fixture
+def segment_group() -> Iterator[fc.Group]:
+    """A new group whose calls all go through its segment, stepped by the core
+    (FCOLL_SHM=1), the segment made; destroyed afterwards unless a deadline broke it on
+    some rank (freeing the segment is collective)."""
+    if not native.running():
+        pytest.skip("the job runs the numpy path (FCOLL_NATIVE=0, or the core not built on a rank)")
+    before = os.environ.get(shm.ENV)
+    os.environ[shm.ENV] = "1"
+    runtime.changed()
+    g = fc.new_group()
+    try:
+        assert fc.all_reduce(np.ones(4), group=g).tolist() == [g.size] * 4  # makes the segment
+        assert g.shm and g.shm.core is not None
+        yield g
+    finally:
+        if not fc.all_reduce(np.array([g.broken is not None]), "max")[0]:
+            g.destroy()
+        if before is None:
+            os.environ.pop(shm.ENV, None)
+        else:
+            os.environ[shm.ENV] = before
+        runtime.changed()
+
+
+@pytest.mark.mpi(min_size=2, timeout=60)
+def test_a_rank_waiting_for_a_late_peer_sleeps(segment_group, rank, world_size):
+    """The last rank comes LATE seconds after the others: they wait in the segment using
+    (almost) no CPU time, spinning and yielding only briefly before sleeping on the futex,
+    and return the right sum once it comes."""
+    g, late = segment_group, world_size - 1
+    x = np.full(5, rank + 1.0)
+    want = [world_size * (world_size + 1) / 2] * 5
+    fc.all_reduce(x, group=g)  # the fast path learned
+    fc.barrier()
+    if rank == late:
+        time.sleep(LATE)
+        assert fc.all_reduce(x, group=g).tolist() == want
+        return
+    cpu, start = _cpu_seconds(), time.monotonic()
+    y = fc.all_reduce(x, group=g)
+    cpu, took = _cpu_seconds() - cpu, time.monotonic() - start
+    assert y.tolist() == want
+    assert took > LATE / 2, f"waited {took:.3f} s only"
+    assert cpu < CPU_LIMIT or not FUTEX, f"{cpu:.4f} s of CPU time waiting {took:.3f} s for a late peer"
+
+
+@pytest.mark.mpi(min_size=2, timeout=60)
+def test_other_threads_run_while_a_rank_waits(segment_group, rank, world_size):
+    """While the main thread waits for a late peer in a segment all_reduce, another Python
+    thread of its process runs: in the wait's 0.5 s it turns more than in 0.1 s alone."""
+    g, late = segment_group, world_size - 1
+    x = np.full(5, 1.0)
+    fc.all_reduce(x, group=g)
+    with Counter() as counter:
+        alone = counter.during(lambda: time.sleep(0.01), 0.1)
+        fc.barrier()
+        if rank == late:
+            time.sleep(0.5)
+            fc.all_reduce(x, group=g)
+            return
+        first = counter.turns
+        assert fc.all_reduce(x, group=g).tolist() == [world_size] * 5
+        during = counter.turns - first
+    assert during > alone, f"{during} turns waiting 0.5 s, {alone} in 0.1 s asleep"
+
+
+@pytest.mark.mpi(min_size=2, timeout=60)
+def test_a_deadline_ends_the_sleep_on_time(segment_group, rank, world_size, monkeypatch):
+    """A group deadline of 0.5 s, the last rank never calls: the others raise
+    CollectiveTimeoutError between 0.5 and 1 s after the call began, having slept. (The
+    error's flight record is not gathered: the late rank, blocked in MPI, would not answer
+    for errors.REPORT_SECONDS.)"""
+    monkeypatch.setattr(errors, "REPORT_SECONDS", 0.0)
+    g, late = segment_group, world_size - 1
+    g.timeout = 0.5
+    runtime.changed()  # the fast path learned without a deadline goes
+    x = np.ones(5)
+    fc.all_reduce(x, group=g)
+    fc.barrier()
+    if rank == late:
+        fc.barrier()
+        return
+    try:
+        cpu, start = _cpu_seconds(), time.monotonic()
+        with pytest.raises(fc.CollectiveTimeoutError):
+            fc.all_reduce(x, group=g)
+        cpu, took = _cpu_seconds() - cpu, time.monotonic() - start
+    finally:
+        fc.barrier()  # the late rank waits here: every rank leaves the test together
+    assert 0.5 <= took < 1.0, f"raised after {took:.3f} s"
+    assert cpu < CPU_LIMIT or not FUTEX, f"{cpu:.4f} s of CPU time in {took:.3f} s"

@@ -4,23 +4,54 @@
  * The segment is an MPI-3 shared window that mpi4py allocated (fcoll/backends/segment.py);
  * it reaches this module as a writable buffer. Its layout, from the start:
  *
- *   control area: per rank 128 bytes = two 64-byte lines, one per step parity, each written
- *                 by that rank alone: step (atomic), fingerprint, element count, then up to
- *                 INLINE bytes of the step's data (a small message rides in the line that
- *                 carries its flag: one cache line crosses cores per peer);
+ *   control area: per rank PER_RANK = 192 bytes = three 64-byte lines, each written by that
+ *                 rank alone except where said:
+ *                   bytes   0..63   the step Line of even steps,
+ *                   bytes  64..127  the step Line of odd steps: step (atomic), fingerprint,
+ *                                   element count, then up to INLINE bytes of the step's data
+ *                                   (a small message rides in the line that carries its flag:
+ *                                   one cache line crosses cores per peer),
+ *                   bytes 128..191  the Wake line: the futex word (the low 32 bits of the
+ *                                   rank's last step) and the count of waiters asleep on it
+ *                                   (which the waiters, any rank, add to and subtract from);
+ *                 rank 0 zeroes it all when it allocates the window (segment.py), a valid start;
  *   slots:        two sets (by parity) of n slots of `capacity` bytes, slot j written by rank j.
  *
  * A step: copy this rank's data in (line or slot), store fingerprint and count, then the step
- * number with release ordering; wait until every peer's line of this parity shows the step
- * (acquire ordering), compare every rank's fingerprint and count, fold or copy out. A rank can
- * write parity p again only two steps later, after every rank arrived at the step between,
- * that is after every rank finished reading step p: one flag per rank per step, no barrier.
+ * number with release ordering, then the wake word (waking the rank's sleepers, if any); wait
+ * until every peer's line of this parity shows the step (acquire ordering), compare every
+ * rank's fingerprint and count, fold or copy out. A rank can write parity p again only two
+ * steps later, after every rank arrived at the step between, that is after every rank
+ * finished reading step p: one flag per rank per step, no barrier.
  *
- * Waiting: spin with the GIL held for SPIN_SECONDS (a few microseconds: what a step takes when
- * the peers are on time), then poll with the GIL released, yielding the core at every poll when
- * the node runs more ranks than cores; after YIELD_SECONDS sleep between polls (up to 1 ms),
- * now and then taking the GIL to answer flight-record requests (a Python callable) and signals.
- * A deadline (CLOCK_MONOTONIC seconds, as Python's time.monotonic) raises Timeout.
+ * The GIL: each call parses its arguments and makes its result with the GIL, then releases it
+ * for all its steps (copy in, wait, fold or copy out: pure C on memory the call holds) and
+ * takes it back to return, or to raise Timeout or Mismatch. Only a long wait takes it in
+ * between, briefly (below).
+ *
+ * Waiting (wait_peers), in three phases, each polling every peer's flag:
+ *   spin   SPIN_SECONDS (20 us; 1 us with more ranks than cores, where the peer may need this
+ *          core) with a pause between polls: what a step takes when the peers are on time;
+ *   yield  until YIELD_SECONDS (200 us) after the wait began, sched_yield between polls: the
+ *          usual skew between ranks (Python's work between calls, a page fault) ends here,
+ *          where waking a sleeper would cost the arriving rank a system call and the waiter
+ *          tens of microseconds; a rank waiting for a late peer burns at most this much CPU;
+ *   sleep  on the futex word of the first peer that has not arrived (Linux; FUTEX_WAIT
+ *          without FUTEX_PRIVATE_FLAG: the window is mapped by several processes), at most
+ *          SERVE_SECONDS (10 ms) or until the deadline at a time; after each SERVE_SECONDS
+ *          asleep (or a signal), take the GIL to run Python's signal handlers and ``serve``
+ *          (flight-record requests, a Python callable). Elsewhere: nanosleep, the pause
+ *          doubling from 10 us to 1 ms.
+ * The arriving rank wakes only when someone sleeps: it stores its step (release), the wake
+ * word (seq_cst), then loads the sleepers count (seq_cst) and calls FUTEX_WAKE only when it is
+ * not 0. A waiter reads the word, checks the peer's step, adds itself to the sleepers
+ * (seq_cst), reads the word again (seq_cst) and sleeps only while it is unchanged (the kernel
+ * checks it once more, atomically with queueing the waiter). Both sides store, then load, in
+ * one sequentially consistent order: either the arriver sees the sleeper (and wakes it) or the
+ * sleeper sees the new word (and does not sleep); no wake is lost. A peer whose flag was not
+ * up has its word at step - 1, and only its arrival at step changes it.
+ * A deadline (CLOCK_MONOTONIC seconds, as Python's time.monotonic) raises Timeout once it has
+ * passed (a sleep ends at the deadline).
  *
  * Folds run in group-rank order, ((r0 op r1) op r2) ..., per element, as numpy's ufuncs do,
  * so results are bit-identical to the numpy path: integer sum and product wrap (unsigned
@@ -35,7 +66,16 @@
  */
 #include "_shmcore.h"
 
+#include <errno.h>
 #include <sched.h>
+
+#if defined(__linux__) && !defined(FCOLL_NO_FUTEX)
+#define FCOLL_FUTEX 1
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -48,13 +88,19 @@
 
 #define SPIN_SECONDS 20e-6
 #define SPIN_OVERSUBSCRIBED 1e-6 /* more ranks than cores: the peer may need this core */
-#define YIELD_SECONDS 0.05
+#define YIELD_SECONDS 200e-6     /* from the wait's start: then sleep */
 #define SERVE_SECONDS 0.01
+#define PAUSE_FIRST 1e-5 /* without futexes: the first nap, doubling up to PAUSE_LAST */
+#define PAUSE_LAST 1e-3
 
 PyObject *Mismatch, *Timeout;
 
 static inline Line *line_of(Core *c, int rank, int64_t step) {
     return (Line *)(c->base + (Py_ssize_t)rank * PER_RANK + (step & 1) * LINE);
+}
+
+static inline Wake *wake_of(Core *c, int rank) {
+    return (Wake *)(c->base + (Py_ssize_t)rank * PER_RANK + WAKE_AT);
 }
 
 static inline char *slot_of(Core *c, int rank, int64_t step) {
@@ -67,80 +113,151 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static struct timespec span(double seconds) {
+    if (seconds < 0) seconds = 0;
+    struct timespec t;
+    t.tv_sec = (time_t)seconds;
+    t.tv_nsec = (long)((seconds - (double)t.tv_sec) * 1e9);
+    if (t.tv_nsec > 999999999L) t.tv_nsec = 999999999L;
+    return t;
+}
+
 /* ---- one step: publish, wait, compare ------------------------------------------------------ */
 
-/* 0: every peer arrived; 1: the deadline passed; -1: a Python error is set */
-static int wait_peers(Core *c, int64_t step, double deadline) {
-    int j = 0, n = c->n, result = 0;
-#define ARRIVED(k) ((k) == c->rank || atomic_load_explicit(&line_of(c, (k), step)->step, memory_order_acquire) >= step)
-    while (j < n && ARRIVED(j)) ++j;
-    if (j == n) return 0;
-    /* spin, checking the flag after every pause (a pause is 10-140 cycles: one cache line
-     * crossing cores takes longer), the clock every 64 checks */
-    double started = now_s(), t = started, served = started, pause = 1e-5;
-    for (unsigned k = 1; t - started < (c->oversubscribed ? SPIN_OVERSUBSCRIBED : SPIN_SECONDS); ++k) {
-        CPU_RELAX();
-        while (j < n && ARRIVED(j)) ++j;
-        if (j == n) return 0;
-        if ((k & 63) == 0) t = now_s();
+/* What a step's loop hands back once it has the GIL again (raise_failed makes the error) */
+enum { STEP_OK = 0, STEP_ERROR = -1, STEP_TIMEOUT = 1, STEP_MISMATCH = 2 };
+
+static inline int arrived(Core *c, int j, int64_t step) {
+    return j == c->rank || atomic_load_explicit(&line_of(c, j, step)->step, memory_order_acquire) >= step;
+}
+
+/* After this rank stored its step: the wake word, then a wake for its sleepers (if any) */
+static inline void wake_sleepers(Core *c, int64_t step) {
+#ifdef FCOLL_FUTEX
+    Wake *w = wake_of(c, c->rank);
+    atomic_store_explicit(&w->word, (uint32_t)step, memory_order_seq_cst);
+    if (atomic_load_explicit(&w->sleepers, memory_order_seq_cst) != 0)
+        syscall(SYS_futex, (uint32_t *)&w->word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)c;
+    (void)step;
+#endif
+}
+
+/* Sleep until peer j arrives at ``step``, at most ``seconds`` (or less: a signal, a spurious
+ * wake). 1 where a signal interrupted the sleep, else 0. ``pause``: the nap without futexes. */
+static int sleep_on(Core *c, int j, int64_t step, double seconds, double *pause) {
+#ifdef FCOLL_FUTEX
+    (void)pause;
+    Wake *w = wake_of(c, j);
+    uint32_t seen = atomic_load_explicit(&w->word, memory_order_acquire);
+    if (arrived(c, j, step)) return 0; /* (a word seen new means a step seen arrived) */
+    int interrupted = 0;
+    atomic_fetch_add_explicit(&w->sleepers, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&w->word, memory_order_seq_cst) == seen) {
+        struct timespec t = span(seconds);
+        interrupted = syscall(SYS_futex, (uint32_t *)&w->word, FUTEX_WAIT, seen, &t, NULL, 0) < 0 &&
+                      errno == EINTR;
     }
-    PyThreadState *ts = PyEval_SaveThread();
-    for (;;) {
-        while (j < n && ARRIVED(j)) ++j;
-        if (j == n) break;
-        t = now_s();
-        if (deadline > 0 && t > deadline) {
-            result = 1;
-            break;
-        }
-        if (t - started < YIELD_SECONDS) {
-            if (c->oversubscribed) sched_yield();
-            else CPU_RELAX();
-            continue;
-        }
-        struct timespec nap = {0, (long)(pause * 1e9)};
-        nanosleep(&nap, NULL);
-        pause = pause * 2 < 1e-3 ? pause * 2 : 1e-3;
-        if (t - served > SERVE_SECONDS) {
-            served = t;
-            PyEval_RestoreThread(ts);
-            if (PyErr_CheckSignals() < 0) return -1;
-            if (c->serve != NULL) {
-                PyObject *r = PyObject_CallNoArgs(c->serve);
-                if (r == NULL) return -1;
-                Py_DECREF(r);
-            }
-            ts = PyEval_SaveThread();
-        }
+    atomic_fetch_sub_explicit(&w->sleepers, 1, memory_order_seq_cst);
+    return interrupted;
+#else
+    (void)c;
+    (void)j;
+    (void)step;
+    struct timespec nap = span(*pause < seconds ? *pause : seconds);
+    int interrupted = nanosleep(&nap, NULL) < 0 && errno == EINTR;
+    *pause = *pause * 2 < PAUSE_LAST ? *pause * 2 : PAUSE_LAST;
+    return interrupted;
+#endif
+}
+
+/* With the GIL released (``*ts``): take it, run Python's signal handlers and ``c->serve``,
+ * release it again. 0, or -1 with the Python error set (in this thread's state). */
+static int serve(Core *c, PyThreadState **ts) {
+    PyEval_RestoreThread(*ts);
+    int result = PyErr_CheckSignals();
+    if (result == 0 && c->serve != NULL) {
+        PyObject *fn = Py_NewRef(c->serve), *r = PyObject_CallNoArgs(fn);
+        Py_DECREF(fn);
+        if (r == NULL) result = -1;
+        Py_XDECREF(r);
     }
-#undef ARRIVED
-    PyEval_RestoreThread(ts);
+    *ts = PyEval_SaveThread();
     return result;
 }
 
-/* Publish this rank's announcement (its data already in place), wait, compare. 0 on success,
- * -1 with Timeout or Mismatch(step) set. */
-static int exchange(Core *c, int64_t fp, int64_t count, double deadline) {
+/* Called without the GIL (``*ts``: this thread's saved state). STEP_OK: every peer arrived;
+ * STEP_TIMEOUT: the deadline passed; STEP_ERROR: a Python error is set (signals, serve). */
+static int wait_peers(Core *c, int64_t step, double deadline, PyThreadState **ts) {
+    int j = 0, n = c->n;
+    while (j < n && arrived(c, j, step)) ++j;
+    if (j == n) return STEP_OK;
+    /* spin, checking the flag after every pause (a pause is 10-140 cycles: one cache line
+     * crossing cores takes longer), the clock every 64 checks */
+    double started = now_s(), t = started, spin = c->oversubscribed ? SPIN_OVERSUBSCRIBED : SPIN_SECONDS;
+    for (unsigned k = 1; t - started < spin; ++k) {
+        CPU_RELAX();
+        while (j < n && arrived(c, j, step)) ++j;
+        if (j == n) return STEP_OK;
+        if ((k & 63) == 0) t = now_s();
+    }
+    /* yield the core at every poll */
+    for (;;) {
+        sched_yield();
+        while (j < n && arrived(c, j, step)) ++j;
+        if (j == n) return STEP_OK;
+        t = now_s();
+        if (deadline > 0 && t > deadline) return STEP_TIMEOUT;
+        if (t - started >= YIELD_SECONDS) break;
+    }
+    /* sleep until peer j arrives, the deadline, or the next serve */
+    double served = t, pause = PAUSE_FIRST;
+    for (;;) {
+        double until = served + SERVE_SECONDS;
+        if (deadline > 0 && deadline < until) until = deadline;
+        int interrupted = sleep_on(c, j, step, until - t, &pause);
+        while (j < n && arrived(c, j, step)) ++j;
+        if (j == n) return STEP_OK;
+        t = now_s();
+        if (deadline > 0 && t > deadline) return STEP_TIMEOUT;
+        if (interrupted || t - served >= SERVE_SECONDS) {
+            if (serve(c, ts) < 0) return STEP_ERROR;
+            served = t = now_s();
+        }
+    }
+}
+
+/* Publish this rank's announcement (its data already in place), wait, compare; called
+ * without the GIL (``*ts``). STEP_OK, or what raise_failed tells once the GIL is back. */
+static int exchange(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts) {
     int64_t step = ++c->step;
     Line *mine = line_of(c, c->rank, step);
     mine->fp = fp;
     mine->count = count;
     atomic_store_explicit(&mine->step, step, memory_order_release);
-    int waited = wait_peers(c, step, deadline);
-    if (waited != 0) {
-        if (waited > 0) PyErr_SetString(Timeout, "the deadline passed");
-        return -1;
-    }
+    wake_sleepers(c, step);
+    int waited = wait_peers(c, step, deadline, ts);
+    if (waited != STEP_OK) return waited;
     for (int j = 0; j < c->n; ++j) {
         Line *l = line_of(c, j, step);
-        if (l->fp != fp || l->count != count) {
-            PyObject *s = PyLong_FromLongLong(step);
-            PyErr_SetObject(Mismatch, s);
-            Py_XDECREF(s);
-            return -1;
-        }
+        if (l->fp != fp || l->count != count) return STEP_MISMATCH;
     }
-    return 0;
+    return STEP_OK;
+}
+
+/* With the GIL again, after a step's loop ended in ``failed`` (not STEP_OK): its error,
+ * Mismatch with the step (the core's last) or Timeout; STEP_ERROR: already set. */
+static void raise_failed(Core *c, int failed) {
+    if (failed == STEP_TIMEOUT) {
+        PyErr_SetString(Timeout, "the deadline passed");
+    } else if (failed == STEP_MISMATCH) {
+        PyObject *s = PyLong_FromLongLong(c->step);
+        if (s != NULL) PyErr_SetObject(Mismatch, s);
+        Py_XDECREF(s);
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_SystemError, "_shmcore: a step failed without an error");
+    }
 }
 
 /* Where rank j's data of this step is: its line (small steps) or its slot. */
@@ -161,6 +278,16 @@ static PyArrayObject *new_like(PyArrayObject *x, npy_intp first) {
 }
 
 static inline Py_ssize_t min_size(Py_ssize_t a, Py_ssize_t b) { return a < b ? a : b; }
+
+/* A call's steps ran without the GIL (``ts``, from PyEval_SaveThread); take it back: ``out``,
+ * or NULL with the error of ``failed`` (exchange's result; ``out`` dropped) */
+static PyObject *finish(Core *c, PyThreadState *ts, int failed, PyArrayObject *out) {
+    PyEval_RestoreThread(ts);
+    if (failed == STEP_OK) return (PyObject *)out;
+    raise_failed(c, failed);
+    Py_DECREF(out);
+    return NULL;
+}
 
 /* elements of each block a reduce_scatter step carries */
 static Py_ssize_t scatter_piece(Core *c, const Step *s) {
@@ -218,24 +345,22 @@ static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *
     char *dst = PyArray_BYTES(out);
     Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x), all_bytes = total * esz;
     if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
+    int k = s->kind == K_SCAN ? (s->flags & F_EXCLUSIVE ? c->rank : c->rank + 1) : c->n, failed = STEP_OK;
+    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
     for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
         Py_ssize_t m = min_size(total - at, per), nbytes = m * esz;
         int64_t step = c->step + 1;
         char *mine = data_of(c, c->rank, step, nbytes);
         if (scale) scale_copy(mine, src + at * esz, s->type, m, s->factor);
         else if (nbytes) memcpy(mine, src + at * esz, (size_t)nbytes);
-        if (exchange(c, s->fp, total, s->deadline) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        int k = s->kind == K_SCAN ? (s->flags & F_EXCLUSIVE ? c->rank : c->rank + 1) : c->n;
+        if ((failed = exchange(c, s->fp, total, s->deadline, &ts)) != STEP_OK) break;
         for (int j = 0; j < k; ++j)
             rows[j] = (j == c->rank && !published) ? src + at * esz : data_of(c, j, step, nbytes);
         if (k >= 2) folds[s->type][s->op](dst + at * esz, rows, k, m * (esz / fsz), avg);
         else if (k == 1) memcpy(dst + at * esz, rows[0], (size_t)nbytes);
         if (total == 0) break;
     }
-    return (PyObject *)out;
+    return finish(c, ts, failed, out);
 }
 
 /* reduce_scatter: each step carries the next piece of every block; rank r folds block r's */
@@ -248,6 +373,9 @@ static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
     if (out == NULL) return NULL;
     const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
     char *dst = PyArray_BYTES(out);
+    Py_ssize_t count = PyArray_SIZE(x);
+    int failed = STEP_OK;
+    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
     for (Py_ssize_t at = 0; at < size || (size == 0 && at == 0); at += per) {
         Py_ssize_t m = min_size(size - at, per), piece = m * esz;
         int64_t step = c->step + 1;
@@ -257,17 +385,14 @@ static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
             if (scale) scale_copy(mine + j * piece, from, s->type, m, s->factor);
             else if ((j != me || published) && piece) memcpy(mine + j * piece, from, (size_t)piece);
         }
-        if (exchange(c, s->fp, PyArray_SIZE(x), s->deadline) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        if ((failed = exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
         for (int j = 0; j < n; ++j)
             rows[j] = (j == me && !published) ? src + ((Py_ssize_t)me * size + at) * esz
                                           : data_of(c, j, step, piece * n) + me * piece;
         folds[s->type][s->op](dst + at * esz, rows, n, m * (esz / fsz), avg);
         if (size == 0) break;
     }
-    return (PyObject *)out;
+    return finish(c, ts, failed, out);
 }
 
 /* allgather: every rank's x in rank order, into ``given`` (Py_None: a new array, shape[0]
@@ -292,19 +417,19 @@ static PyObject *run_allgather(Core *c, const Step *s, PyArrayObject *x, PyObjec
     }
     const char *src = PyArray_BYTES(x);
     char *dst = PyArray_BYTES(out);
+    Py_ssize_t count = PyArray_SIZE(x);
+    int failed = STEP_OK;
+    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
     for (Py_ssize_t at = 0; at < nbytes || (nbytes == 0 && at == 0); at += c->chunk) {
         Py_ssize_t m = min_size(nbytes - at, c->chunk);
         int64_t step = c->step + 1;
         if (m) memcpy(data_of(c, me, step, m), src + at, (size_t)m);
-        if (exchange(c, s->fp, PyArray_SIZE(x), s->deadline) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        if ((failed = exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
         for (int j = 0; j < n && m; ++j)
             memcpy(dst + j * nbytes + at, j == me ? src + at : data_of(c, j, step, m), (size_t)m);
         if (nbytes == 0) break;
     }
-    return (PyObject *)out;
+    return finish(c, ts, failed, out);
 }
 
 /* broadcast: the root copies into its line or slot and its result, the others copy out */
@@ -315,6 +440,9 @@ static PyObject *run_broadcast(Core *c, const Step *s, PyArrayObject *x) {
     if (out == NULL) return NULL;
     char *dst = PyArray_BYTES(out);
     const char *src = PyArray_BYTES(x);
+    Py_ssize_t count = PyArray_SIZE(x);
+    int failed = STEP_OK;
+    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
     for (Py_ssize_t at = 0; at < nbytes || (nbytes == 0 && at == 0); at += c->chunk) {
         Py_ssize_t m = min_size(nbytes - at, c->chunk);
         int64_t step = c->step + 1;
@@ -322,14 +450,11 @@ static PyObject *run_broadcast(Core *c, const Step *s, PyArrayObject *x) {
             memcpy(data_of(c, root, step, m), src + at, (size_t)m);
             memcpy(dst + at, src + at, (size_t)m);
         }
-        if (exchange(c, s->fp, PyArray_SIZE(x), s->deadline) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        if ((failed = exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
         if (!is_root && m) memcpy(dst + at, data_of(c, root, step, m), (size_t)m);
         if (nbytes == 0) break;
     }
-    return (PyObject *)out;
+    return finish(c, ts, failed, out);
 }
 
 PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
@@ -418,7 +543,13 @@ static PyObject *Core_announce(Core *c, PyObject *args) {
     long long fp, count;
     double deadline;
     if (!PyArg_ParseTuple(args, "LLd", &fp, &count, &deadline)) return NULL;
-    if (exchange(c, (int64_t)fp, (int64_t)count, deadline) < 0) return NULL;
+    PyThreadState *ts = PyEval_SaveThread();
+    int failed = exchange(c, (int64_t)fp, (int64_t)count, deadline, &ts);
+    PyEval_RestoreThread(ts);
+    if (failed != STEP_OK) {
+        raise_failed(c, failed);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

@@ -14,7 +14,8 @@
 #include <time.h>
 
 #define LINE 64
-#define PER_RANK 128
+#define PER_RANK 192 /* two step Lines (by parity), then the Wake line */
+#define WAKE_AT 128  /* the Wake line's offset in a rank's control area */
 #define INLINE 40
 #define BLOCK 1024
 #define MAX_RANKS 256
@@ -27,6 +28,19 @@ typedef struct {
 } Line;
 
 _Static_assert(sizeof(Line) == LINE, "a control line is one cache line");
+
+/* Where waiters sleep on a rank's arrival (_shmcore.c, "Waiting"): ``word`` (the futex word,
+ * written by the owner alone: the low 32 bits of its last step) and ``sleepers`` (how many
+ * waiters are asleep or about to sleep on ``word``; any rank adds and subtracts). */
+typedef struct {
+    _Atomic uint32_t word;
+    _Atomic uint32_t sleepers;
+    unsigned char unused[LINE - 8];
+} Wake;
+
+_Static_assert(sizeof(Wake) == LINE && sizeof(_Atomic uint32_t) == 4, "a wake line is one cache line");
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the wake word is shared between processes: lock-free");
+_Static_assert(WAKE_AT + LINE == PER_RANK && 2 * LINE <= WAKE_AT, "a rank's control area holds its lines");
 
 /* wire types and ops (fcoll/backends/native.py names them) */
 enum { T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_U64, T_I64, T_F16, T_BF16, T_F32, T_F64,
@@ -66,8 +80,9 @@ extern PyTypeObject CoreType, FastType;
 /* 1 where the core takes ``x`` for ``s`` (layout, sizes the segment holds), else 0: the
  * caller then takes the numpy path, before any step */
 int shm_takes(Core *c, const Step *s, PyArrayObject *x);
-/* the call (after shm_takes): a new array, NULL with Mismatch(step), Timeout or another error
- * set; ``out``: allgather's or allreduce's given result (x itself: in place) or Py_None */
+/* the call (after shm_takes; with the GIL, which it releases for the steps and takes back): a
+ * new array, NULL with Mismatch(step), Timeout or another error set; ``out``: allgather's or
+ * allreduce's given result (x itself: in place) or Py_None */
 PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out);
 /* 0 where the core folds (type, op), else -1 with ValueError set */
 int shm_fold_ok(int type, int op);

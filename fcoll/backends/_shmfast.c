@@ -12,7 +12,10 @@
  * returns when ranks announced different calls (fcoll's CollectiveMismatchError).
  *
  * It looks up ``group.shm.core`` at every call, so a segment that grew (a new Core) serves at
- * once. Calls through it have no deadline (fast paths never do).
+ * once. Calls through it have no deadline (fast paths never do). The steps run without the
+ * GIL: shm_run (_shmcore.c) makes the result with it, releases it for the loop of steps and
+ * takes it back before it returns or raises; the count, the record and its end time are
+ * written here, with the GIL, before and after.
  *
  * Fast_traverse and Fast_clear list the same eight fields, as CPython's garbage collector
  * asks of every type that holds references (one visits them, the other drops them).

@@ -42,7 +42,8 @@ from fcoll.calls.work import Call
 from fcoll.diagnostics import flight, flight_report
 from fcoll.runtime import finalize
 
-LINE = 128  # control bytes per rank: the numpy path uses the first 64-byte line, the C core both
+LINE = 192  # control bytes per rank (the C core's PER_RANK): the numpy path uses the first 64-byte
+#            line, the C core all three (a step line per parity, then the futex line)
 ARRIVED, ANNOUNCE = 0, 2  # int64 words of a rank's control line (ANNOUNCE + 2 * parity: fp, count)
 CHUNK = 1 << 20  # bytes per rank per step (a step's n slots stay in the 32 MiB L3 here)
 ALIGN = 4096
