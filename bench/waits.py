@@ -10,6 +10,9 @@ the median per tree and their ratio (after / before; below 1: faster):
 - ``n=2 quiet``: 8 B and 64 KiB all_reduce at 2 ranks on this machine;
 - ``n=4 on 2 cores``: the same at 4 ranks (more ranks than this machine's 2 cores);
 - ``n=2 + 2 busy``: 2 ranks beside two processes that spin (``while True: pass``);
+- ``n=4, rank 0 late 1 ms``: 4 ranks on the 2 cores, rank 0 computing 1 ms before each call
+  (the others wait for it: what they do meanwhile decides how much core it gets);
+- per scenario also the ranks' CPU time over the wall time (``cpu`` rows);
 - ``--torch``: bench/bench_torch_backend.py (DDP step, fcoll against gloo) beside the two
   busy processes: its fcoll/gloo step ratio per tree.
 
@@ -32,7 +35,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 MPIEXEC = str(Path(PY).parent / "mpiexec")
-SCENARIOS = {"n=2 quiet": (2, 0), "n=4 on 2 cores": (4, 0), "n=2 + 2 busy": (2, 2)}
+# name -> (ranks, busy processes beside, ms rank 0 computes before each call)
+SCENARIOS = {"n=2 quiet": (2, 0, 0.0), "n=4 on 2 cores": (4, 0, 0.0), "n=2 + 2 busy": (2, 2, 0.0),
+             "n=4, rank 0 late 1 ms": (4, 0, 1.0)}
 
 
 @contextmanager
@@ -57,10 +62,12 @@ def run(tree: Path, n: int, args: list[str], timeout: float = 600) -> str:
     return done.stdout
 
 
-def latencies(tree: Path, n: int, seconds: float) -> dict[int, float]:
+def latencies(tree: Path, n: int, seconds: float, late: float) -> dict[str, float]:
+    """Per size: latency (``"8 B"``) and the ranks' CPU share (``"8 B cpu"``)."""
     out = run(tree, n, [str(HERE / "waits_worker.py"), "--sizes", "8", "65536", "--seconds",
-                        str(seconds)])
-    return {int(a): float(b) for a, b in (line.split() for line in out.splitlines() if line.strip())}
+                        str(seconds), "--late", str(late)])
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    return {**{f"{a} B": float(b) for a, b, _ in rows}, **{f"{a} B cpu": float(c) for a, _, c in rows}}
 
 
 def ddp_ratio(tree: Path) -> float:
@@ -85,31 +92,34 @@ def main() -> None:
     trees = {"before": args.before.resolve(), "after": HERE.parent}
     results: dict[tuple[str, str, str], list[float]] = {}
     for i in range(args.repeat):
-        for name, (n, load) in SCENARIOS.items():
+        for name, (n, load, late) in SCENARIOS.items():
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
             for tree in order:
                 with busy(load):
-                    for size, us in latencies(trees[tree], n, args.seconds).items():
-                        results.setdefault((name, f"{size} B", tree), []).append(us)
+                    for size, value in latencies(trees[tree], n, args.seconds, late).items():
+                        results.setdefault((name, size, tree), []).append(value)
         if args.torch:
             for tree in (list(trees) if i % 2 == 0 else list(reversed(trees))):
                 with busy(2):
                     results.setdefault(("DDP step + 2 busy", "fcoll/gloo", tree), []).append(
                         ddp_ratio(trees[tree]))
-    rows = []
+    rows, spans = [], []
     for name, size in dict.fromkeys((k[0], k[1]) for k in results):
-        before = statistics.median(results[(name, size, "before")])
-        after = statistics.median(results[(name, size, "after")])
-        rows.append((name, size, before, after, after / before))
-    print(f"{'scenario':<20} {'size':<11} {'before':>9} {'after':>9} {'after/before':>12}")
-    for name, size, before, after, ratio in rows:
-        print(f"{name:<20} {size:<11} {before:>9.2f} {after:>9.2f} {ratio:>12.2f}")
-    print("(latency in us per call, median of", args.repeat, "runs; DDP rows: fcoll/gloo step time)")
+        old, new = results[(name, size, "before")], results[(name, size, "after")]
+        rows.append((name, size, statistics.median(old), statistics.median(new),
+                     statistics.median(new) / statistics.median(old)))
+        spans.append(f"{min(old):.2f}-{max(old):.2f} / {min(new):.2f}-{max(new):.2f}")
+    print(f"{'scenario':<22} {'size':<11} {'before':>9} {'after':>9} {'after/before':>12}  "
+          "range (before / after)")
+    for (name, size, before, after, ratio), span in zip(rows, spans, strict=True):
+        print(f"{name:<22} {size:<11} {before:>9.2f} {after:>9.2f} {ratio:>12.2f}  {span}")
+    print(f"(latency in us per call, median of {args.repeat} runs; 'cpu' rows: the ranks' CPU time "
+          "over wall time, 1.0 = a core each; DDP rows: fcoll/gloo step time)")
     args.csv.parent.mkdir(parents=True, exist_ok=True)
-    new = not args.csv.exists()
+    first = not args.csv.exists()
     with args.csv.open("a", newline="") as f:
         writer = csv.writer(f)
-        if new:
+        if first:
             writer.writerow(["when", "scenario", "size", "before", "after", "ratio"])
         stamp = time.strftime("%Y-%m-%dT%H:%M")
         writer.writerows([(stamp, *row) for row in rows])
