@@ -143,3 +143,17 @@ def test_native_core_bench_writes_its_table_csv_and_plot(tmp_path):
     assert engines == {"native", "numpy"} or (engines == {"numpy"} and "_shmcore" not in done.stdout)
     assert "| n=2 all_reduce 8 B, call/raw |" in done.stdout
     assert (tmp_path / "native_latency_n2.png").stat().st_size > 1000
+
+
+def test_the_wait_benchmark_runs_both_trees(tmp_path):
+    """bench/waits.py, tiny, with this checkout as both trees: every scenario's latency and
+    CPU rows, and a CSV row each."""
+    out = tmp_path / "waits.csv"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "waits.py"), "--before", str(ROOT),
+                           "--repeat", "1", "--seconds", "0.005", "--csv", str(out)],
+                          capture_output=True, text=True, env=environment(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert {row["scenario"] for row in rows} == {"n=2 quiet", "n=4 on 2 cores", "n=2 + 2 busy",
+                                                 "n=4, rank 0 late 1 ms"}, rows
+    assert len(rows) == 16 and all(float(row["after"]) > 0 for row in rows), rows
