@@ -345,4 +345,5 @@ def test_a_dead_peer_in_the_segment_ends_the_job(tmp_path):
             os._exit(7)                 # dies; rank 0 waits in the segment, no deadline
         fc.all_reduce(x)
     """)
-    assert code == 7 and took < 30
+    # 7: the dead rank's status; 9: mpiexec reaped the rank it killed first (seen once under load)
+    assert code in (7, 9) and took < 30, code

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -79,6 +80,9 @@ def release() -> None:
     _PENDING.clear()
     if MPI is None or MPI.Is_finalized():
         return
+    for stream in (sys.stdout, sys.stderr):  # what the script printed goes out as it ends,
+        with contextlib.suppress(Exception):  # not all ranks' at once after the wait
+            stream.flush()
     together = True
     for stage, _, free in pending:
         if stage in COLLECTIVE and not together:
