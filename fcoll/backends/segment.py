@@ -185,6 +185,19 @@ class Segment:
             raise fingerprint.mismatch(call.fn, call.group.ranks, self.announced(step))
         return row
 
+    def barrier(self, call: Call, fp: int) -> None:
+        """Wait until every rank arrived: one step that only announces ``fp`` (a rank in
+        another call raises `fcoll.calls.errors.CollectiveMismatchError` on every rank); a
+        long wait sleeps rather than spins.
+
+        Example:
+            >>> seg.barrier(call, fingerprint.of("barrier", "", np.dtype("uint8")))  # every rank
+        """
+        if self.core is not None:
+            self.native(call, self.core.announce, fp, 0)
+        else:
+            self.exchange(np.empty(0, np.uint8), call, fp, 0, send=False)
+
     def _exchange_native(self, data: np.ndarray, call: Call, fp: int, count: int, send: bool
                          ) -> list[np.ndarray]:
         """`exchange` with the core stepping: the data goes into this rank's slot (never its

@@ -362,18 +362,8 @@ BARRIER = fingerprint.of("barrier", "", np.dtype(np.uint8))
 
 
 def barrier(call: Call) -> None:
-    """Wait until every rank of the group arrived: one step that only announces (a rank in
-    another call raises `fcoll.calls.errors.CollectiveMismatchError` on every rank); a rank
-    that waits long sleeps rather than spin (`fcoll.backends.segment`).
-
-    Example:
-        >>> barrier(call)                # every rank of a group on one node
-    """
-    seg = _segment(call)
-    if seg.core is not None:
-        seg.native(call, seg.core.announce, BARRIER, 0)
-    else:
-        seg.exchange(np.empty(0, np.uint8), call, BARRIER, 0, send=False)
+    """Every rank of the group arrived: one announcing step of its segment (`Segment.barrier`)."""
+    _segment(call).barrier(call, BARRIER)
     call.end()
 
 
