@@ -1,4 +1,5 @@
-"""The flight recorder's public side: what each rank was doing when the job stopped.
+"""The flight recorder's public side: what each rank was doing when the job stopped; and
+`traffic`, what this rank's calls hand to the transports (`fcoll.calls.traffic`).
 
 Each rank keeps its last calls (``FCOLL_TRACE``, default 64; ``0`` turns it off): op, group
 ranks, call number on the group, array shapes and dtypes, state (``sent``: in flight, or
@@ -22,10 +23,11 @@ import sys
 from typing import TextIO
 
 from fcoll import runtime
+from fcoll.calls.traffic import traffic
 from fcoll.diagnostics import flight, flight_report
 from fcoll.groups.group import is_initialized
 
-__all__ = ["dump", "record", "trace"]
+__all__ = ["dump", "record", "trace", "traffic"]
 
 
 def dump(timeout: float = 5.0, file: TextIO | None = sys.stderr) -> str:

@@ -42,7 +42,7 @@ def displs(counts: Sequence[int]) -> list[int]:
 def allreduce(call: Call, send: np.ndarray, op: Any, out: np.ndarray | None = None) -> np.ndarray:
     """``send`` reduced over the group, in a new array or into ``out`` (C-contiguous, its
     shape and dtype; ``out is send``: in place)."""
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     if out is None:
         out = np.empty(send.shape, send.dtype)
     data = MPI.IN_PLACE if out is send else send
@@ -55,7 +55,7 @@ def allreduce(call: Call, send: np.ndarray, op: Any, out: np.ndarray | None = No
 
 
 def reduce(call: Call, send: np.ndarray, op: Any, root: int) -> np.ndarray | None:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     out = np.empty(send.shape, send.dtype) if comm.Get_rank() == root else None
     if call.seconds is None:
         comm.Reduce(send, out, op, root)
@@ -69,7 +69,7 @@ def reduce_scatter_block(call: Call, send: np.ndarray, op: Any, out: np.ndarray 
                          ) -> np.ndarray:
     """Block ``rank`` of ``send`` split evenly along axis 0, reduced, in a new array or into
     ``out`` (C-contiguous, the block's size and dtype, not overlapping ``send``)."""
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     if out is None:
         out = np.empty((send.shape[0] // comm.Get_size(), *send.shape[1:]), send.dtype)
     if call.seconds is None:
@@ -81,7 +81,7 @@ def reduce_scatter_block(call: Call, send: np.ndarray, op: Any, out: np.ndarray 
 
 
 def reduce_scatter(call: Call, send: np.ndarray, counts: Sequence[int], op: Any) -> np.ndarray:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     out = np.empty(counts[comm.Get_rank()], send.dtype)
     if call.seconds is None:
         comm.Reduce_scatter(send, out, list(counts), op)
@@ -93,7 +93,7 @@ def reduce_scatter(call: Call, send: np.ndarray, counts: Sequence[int], op: Any)
 
 def scan(call: Call, send: np.ndarray, op: Any, exclusive: bool) -> np.ndarray:
     """``Scan`` (``Exscan`` if ``exclusive``: rank 0's result is left unwritten)."""
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     out = np.empty(send.shape, send.dtype)
     if call.seconds is None:
         (comm.Exscan if exclusive else comm.Scan)(send, out, op)
@@ -104,7 +104,7 @@ def scan(call: Call, send: np.ndarray, op: Any, exclusive: bool) -> np.ndarray:
 
 
 def bcast(call: Call, buf: np.ndarray, root: int) -> np.ndarray:
-    comm = call.begin()
+    comm = call.begin(buf.nbytes)
     if call.seconds is None:
         comm.Bcast([buf, BYTE], root)
         call.end()
@@ -124,7 +124,7 @@ PIPELINE_CHUNK = 256 << 10
 
 def bcast_copy(call: Call, x: np.ndarray, root: int) -> np.ndarray:
     """A new array holding ``root``'s C-contiguous ``x`` on every rank, sent in chunks."""
-    comm = call.begin()
+    comm = call.begin(x.nbytes)
     out = np.empty(x.shape, x.dtype)
     flat_out, flat_x = out.reshape(-1).view(np.uint8), x.reshape(-1).view(np.uint8)
     step = max(PIPELINE_CHUNK, -(-flat_out.size // 16))
@@ -140,7 +140,7 @@ def bcast_copy(call: Call, x: np.ndarray, root: int) -> np.ndarray:
 
 
 def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     if call.seconds is None:
         comm.Allgather([send, BYTE], [out, BYTE])
         call.end()
@@ -151,7 +151,7 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def allgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     """``counts`` in bytes, one per rank."""
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     if call.seconds is None:
         comm.Allgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE])
         call.end()
@@ -163,7 +163,7 @@ def allgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[i
 def gatherv(call: Call, send: np.ndarray, out: np.ndarray | None, counts: Sequence[int], root: int
 ) -> np.ndarray | None:
     """``out`` and ``counts`` (bytes) are read on ``root`` only."""
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     if comm.Get_rank() != root:
         if call.seconds is None:
             comm.Gatherv([send, BYTE], None, root)
@@ -182,7 +182,7 @@ def gatherv(call: Call, send: np.ndarray, out: np.ndarray | None, counts: Sequen
 def scatterv(call: Call, send: np.ndarray | None, counts: Sequence[int], out: np.ndarray, root: int
 ) -> np.ndarray:
     """``send`` and ``counts`` (bytes) are read on ``root`` only."""
-    comm = call.begin()
+    comm = call.begin(0 if send is None else send.nbytes)
     spec = None if send is None else [send, (list(counts), displs(counts)), BYTE]
     if call.seconds is None:
         comm.Scatterv(spec, [out, BYTE], root)
@@ -193,7 +193,7 @@ def scatterv(call: Call, send: np.ndarray | None, counts: Sequence[int], out: np
 
 
 def alltoall(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     if call.seconds is None:
         comm.Alltoall([send, BYTE], [out, BYTE])
         call.end()
@@ -209,7 +209,7 @@ def alltoallv(call: Call,
     recv_counts: Sequence[int],
 ) -> np.ndarray:
     """Counts in bytes, one per rank."""
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     spec = ([send, (list(send_counts), displs(send_counts)), BYTE],
             [out, (list(recv_counts), displs(recv_counts)), BYTE])
     if call.seconds is None:
@@ -225,53 +225,53 @@ def alltoallv(call: Call,
 
 
 def iallreduce(call: Call, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Iallreduce(send, out, op)
 
 
 def ireduce(call: Call, send: np.ndarray, out: np.ndarray | None, op: Any, root: int) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Ireduce(send, out, op, root)
 
 
 def ireduce_scatter_block(call: Call, send: np.ndarray, out: np.ndarray, op: Any) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Ireduce_scatter_block(send, out, op)
 
 
 def iscan(call: Call, send: np.ndarray, out: np.ndarray, op: Any, exclusive: bool) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return (comm.Iexscan if exclusive else comm.Iscan)(send, out, op)
 
 
 def ibcast(call: Call, buf: np.ndarray, root: int) -> Any:
-    comm = call.begin()
+    comm = call.begin(buf.nbytes)
     return comm.Ibcast([buf, BYTE], root)
 
 
 def iallgather(call: Call, send: np.ndarray, out: np.ndarray) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Iallgather([send, BYTE], [out, BYTE])
 
 
 def iallgatherv(call: Call, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Iallgatherv([send, BYTE], [out, (list(counts), displs(counts)), BYTE])
 
 
 def igather(call: Call, send: np.ndarray, out: np.ndarray | None, root: int) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Igather([send, BYTE], None if out is None else [out, BYTE], root)
 
 
 def ialltoall(call: Call, send: np.ndarray, out: np.ndarray) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Ialltoall([send, BYTE], [out, BYTE])
 
 
 def ialltoallv(call: Call, send: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
                recv_counts: Sequence[int]) -> Any:
-    comm = call.begin()
+    comm = call.begin(send.nbytes)
     return comm.Ialltoallv(
         [send, (list(send_counts), displs(send_counts)), BYTE],
         [out, (list(recv_counts), displs(recv_counts)), BYTE],
@@ -281,12 +281,12 @@ def ialltoallv(call: Call, send: np.ndarray, send_counts: Sequence[int], out: np
 def barrier(call: Call) -> None:
     """``MPI_Ibarrier``, polled (`wait_request`): a rank that waits long sleeps between
     polls instead of spinning in MPI's progress loop, deadline or not."""
-    wait_request(call.begin().Ibarrier(), call)
+    wait_request(call.begin(0).Ibarrier(), call)
 
 
 def allgather_ints(call: Call, values: Sequence[int]) -> np.ndarray:
     """Every rank's ``values`` (same length everywhere) as an ``(n, len)`` int64 array."""
-    comm = call.begin()
+    comm = call.begin(8 * len(values))
     send = np.asarray(values, dtype=np.int64)
     out = np.empty((comm.Get_size(), send.size), np.int64)
     if call.seconds is None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from fcoll import runtime
+from fcoll.calls import traffic
 from fcoll.calls.errors import check_notices, timed_out
 from fcoll.diagnostics import flight, flight_report
 from fcoll.runtime import Timeout, to_seconds
@@ -56,11 +57,16 @@ class Call:
         self.args: dict[str, object] | None = None
         self.slot = -1
 
-    def begin(self) -> Any:
+    def begin(self, nbytes: int = -1) -> Any:
         """Count the call on its group (once) and return the communicator to use; a
         pending ``check`` runs first (once; it may communicate on this call, counting it).
         The flight recorder gets the call at its first message (in flight again at each
-        later one, until `end`)."""
+        later one, until `end`). ``nbytes`` >= 0: one MPI call sending that many bytes
+        follows (`fcoll.calls.traffic`)."""
+        if traffic.ACTIVE and nbytes >= 0:
+            comm = self.begin()
+            traffic.sent(self, nbytes)
+            return comm
         if not self.counted:
             if self.check is not None:
                 check, self.check = self.check, None
@@ -92,7 +98,7 @@ def fast_eligible(g: Any) -> bool:
     deadline and no debug checks."""
     s = runtime._state
     return (g.usable and s.world.usable and not s.checking and s.timeout is None
-            and g.timeout is None and s.before_call is None)
+            and g.timeout is None and s.before_call is None and not s.counting)
 
 
 SPIN_SECONDS = 2e-3  # busy-poll this long before sleeping between polls

@@ -40,6 +40,7 @@ class _State:
     # Run before every eager call once jitted JAX functions have collectives: waits for
     # those dispatched before it (fcoll.xla.handler.wait_for_jitted). None: no such wait.
     before_call: Callable[[], None] | None = None
+    counting: bool = False  # fcoll.debug.traffic is open: no fast paths (fcoll.calls.traffic)
 
 
 _state = _State()
