@@ -3,7 +3,6 @@ rank's input and hence the expected result, at any world size."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
 from collections.abc import Sequence
@@ -77,17 +76,52 @@ def reduce_error(dtype: Any, op: str) -> type[Exception] | None:
     return None
 
 
-def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
-    """numpy's reduction of ``inputs`` in rank order, with fcoll's dtype rules; for a pair
-    fcoll refuses, the error it documents (`reduce_error`)."""
+def tree(values: Sequence[Any], f: Any) -> Any:
+    """``values`` (one per rank) combined with ``f`` along the canonical tree of their count
+    (API.md "Reduction order"): with ``q = 2**floor(lg p)``, ``m = p - q``, the pairs
+    ``f(v[2i], v[2i+1])`` for ``i < m``, then the rest, then level by level, lower on the left.
+    Written from the contract, apart from fcoll's own code."""
+    p = len(values)
+    m = p - (1 << (p.bit_length() - 1))
+    level = [f(values[2 * i], values[2 * i + 1]) for i in range(m)] + list(values[2 * m:])
+    while len(level) > 1:
+        level = [f(level[k], level[k + 1]) for k in range(0, len(level), 2)]
+    return level[0]
+
+
+def scan_tree(values: Sequence[Any], r: int, f: Any) -> Any:
+    """Rank ``r``'s inclusive prefix of ``values`` in the scan order (API.md, docs/numeric.md):
+    leaf ``i`` (a pair ``2i, 2i+1`` for ``i < m``, else rank ``i + m``) gets
+    ``S_k f (... f (S_1 f leaf_i))``, ``S_b`` the tree's subtrees left of it, smallest first;
+    the first rank of a pair gets the same chain without its leaf, then ``f`` its own value."""
+    p = len(values)
+    m = p - (1 << (p.bit_length() - 1))
+    leaves = [f(values[2 * i], values[2 * i + 1]) for i in range(m)] + list(values[2 * m:])
+    i, first = (r // 2, r % 2 == 0) if r < 2 * m else (r - m, False)
+    chain = None if first else leaves[i]
+    for b in range(i.bit_length()):
+        if i >> b & 1:
+            lo = ((i >> b) ^ 1) << b
+            left = tree(leaves[lo:lo + (1 << b)], f)
+            chain = left if chain is None else f(left, chain)
+    if first:
+        chain = values[r] if chain is None else f(chain, values[r])
+    return chain
+
+
+def reference(inputs: list[np.ndarray], op: str, prefix_of: int | None = None) -> np.ndarray:
+    """numpy's reduction of ``inputs`` along the canonical tree (`tree`), or with
+    ``prefix_of=r`` rank r's prefix in the scan order (`scan_tree`), with fcoll's dtype
+    rules; for a pair fcoll refuses, the error it documents (`reduce_error`)."""
     dtype = inputs[0].dtype
     error = reduce_error(dtype, op)
     if error is not None:
         raise error(f"reference: fcoll documents {error.__name__} for {op} on {dtype}")
+    combine = tree if prefix_of is None else (lambda v, f: scan_tree(v, prefix_of, f))
     if dtype == np.bool_:
-        return functools.reduce(_BOOL_OPS[op], inputs)
+        return np.asarray(combine(inputs, _BOOL_OPS[op]))
     w = wire(dtype)
-    total = functools.reduce(_NUMPY_OPS[op], [x.astype(w) for x in inputs])
+    total = combine([x.astype(w) for x in inputs], _NUMPY_OPS[op])
     if op == "avg":
         total = total / np.asarray(len(inputs), dtype=w)
     return np.asarray(total).astype(dtype)

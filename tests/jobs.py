@@ -48,13 +48,16 @@ def environment() -> dict[str, str]:
 _environment = environment
 
 
-def run(n: int, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``args`` on ``n`` ranks; stdout and stderr without terminal escape codes.
+def run(n: int, *args: str, timeout: float, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    """Run ``args`` on ``n`` ranks (``env``: variables to add); stdout and stderr without
+    terminal escape codes.
 
     Open MPI hands the ranks a terminal for stdout, so rich (in the examples) colours it.
     """
     done = subprocess.run(command(n, *args), cwd=Path(__file__).resolve().parents[1],
-                          env=environment(), capture_output=True, text=True, timeout=timeout)
+                          env={**environment(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     done.stdout, done.stderr = _ANSI.sub("", done.stdout), _ANSI.sub("", done.stderr)
     return done
 

@@ -4,7 +4,7 @@
 
 ``STEPS`` collectives through the on-node segment (every size goes there: the job runs with
 ``FCOLL_SHM=1``), each checked on every rank against what numpy computes locally from every
-rank's input: all_reduce (int64 sum, float32 sum folded in rank order, float16 sum in
+rank's input: all_reduce (int64 sum, float32 sum folded along the canonical tree, float16 sum in
 float32, int32 max), reduce_scatter_tensor, all_gather_into_tensor and broadcast from a
 random root, with sizes that cross the step's inline limit (40 bytes), fill the first
 segment and grow it, on the world group (the fast path) and on the world in reverse order
@@ -40,12 +40,19 @@ def data(rank: int, step: int, size: int, dtype: np.dtype[Any]) -> np.ndarray:
     return (base * 1000 + rank * 31 + step % 100003).astype(dtype)
 
 
+def tree(values: list[np.ndarray], f: np.ufunc) -> np.ndarray:
+    """The canonical tree (API.md "Reduction order"): pre-step pairs, then level by level."""
+    m = len(values) - (1 << (len(values).bit_length() - 1))
+    level = [f(values[2 * i], values[2 * i + 1]) for i in range(m)] + values[2 * m:]
+    while len(level) > 1:
+        level = [f(level[k], level[k + 1]) for k in range(0, len(level), 2)]
+    return level[0]
+
+
 def fold(rows: list[np.ndarray], ufunc: np.ufunc, dtype: np.dtype[Any]) -> np.ndarray:
-    """Rank-order fold as fcoll's contract has it (float16 accumulated in float32)."""
+    """The canonical tree's fold as fcoll's contract has it (float16 accumulated in float32)."""
     wide = np.float32 if dtype == np.float16 else dtype
-    out = rows[0].astype(wide)
-    for row in rows[1:]:
-        out = ufunc(out, row.astype(wide))
+    out: np.ndarray = tree([row.astype(wide) for row in rows], ufunc)
     return out.astype(dtype)
 
 

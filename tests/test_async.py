@@ -149,13 +149,13 @@ def test_wait_timeout_raises_then_completes(group):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
-def test_large_folded_all_reduce_in_two_steps(group, dtype):
-    """Above the gather limit, async float all-reduces at n >= 3 take two steps (all-to-all,
-    then tagged point-to-point); several in flight, waited in a different order on each
-    rank, must give the blocking call's bits."""
-    from fcoll.collectives._fold import GATHER_LIMIT
+def test_large_folded_all_reduce_in_several_steps(group, dtype):
+    """Above the doubling limit, async float all-reduces at n >= 3 run the halving schedule
+    (tagged point-to-point steps, moved on by every wait); several in flight, waited in a
+    different order on each rank, must give the blocking call's bits."""
+    from fcoll.backends.tree import doubling_limit
 
-    count = GATHER_LIMIT // np.dtype(dtype).itemsize + 7  # uneven blocks
+    count = doubling_limit(group.size) // np.dtype(dtype).itemsize + 7  # uneven blocks
     xs = [data(group.rank, (count + k, 1), dtype, salt=k) for k in range(5)]
     works = [fc.all_reduce(x, "sum" if k % 2 else "avg", group.arg, async_op=True)
              for k, x in enumerate(xs)]

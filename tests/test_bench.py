@@ -157,3 +157,41 @@ def test_the_wait_benchmark_runs_both_trees(tmp_path):
     assert {row["scenario"] for row in rows} == {"n=2 quiet", "n=4 on 2 cores", "n=2 + 2 busy",
                                                  "n=4, rank 0 late 1 ms"}, rows
     assert len(rows) == 16 and all(float(row["after"]) > 0 for row in rows), rows
+
+
+def test_scale_model_reduces_to_the_textbook_formulas_on_one_node():
+    """bench/scale.py's step model on one node (every message over shared memory) gives Thakur,
+    Rabenseifner and Gropp's costs, and its traffic formulas the schedules' totals."""
+    from scale import FABRICS, Net, expected, t_doubling, t_halving, t_ring
+
+    a, b, g, n = 2e-6, 1 / 5e9, 1 / 20e9, float(1 << 20)
+    for p in (2, 4, 8, 16):
+        net = Net(p, a, b, FABRICS[0], g)
+        lg = p.bit_length() - 1
+        assert np.isclose(t_doubling(net, p, n)[0], lg * (a + n * b + n * g))
+        assert np.isclose(t_halving(net, p, n)[0], 2 * lg * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * g)
+        assert np.isclose(t_ring(net, p, n), 2 * (p - 1) * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * g)
+    assert expected(16, 1 << 18, 4, 64 << 10) == [(8, 2 * (1 << 20) * 15 // 16)] * 16
+    assert expected(6, 256, 4, 64 << 10) == [(1, 1024), (3, 3072)] * 2 + [(2, 2048)] * 2
+    assert expected(5, 1 << 18, 4, 0)[:3] == [(1, 1 << 20), (5, 5 << 19), (4, 3 << 19)]
+
+
+def test_scale_bench_counts_every_rank_and_writes_its_tables(tmp_path):
+    """bench/scale.py --quick --no-tcp end to end: ping-pong alpha/beta and gamma, every rank's
+    messages and bytes at p = 2..5 against the schedules' formulas, the p = 4 timings with the
+    crossover, the predicted table at p = 8..4096 and both plots."""
+    cmd = [sys.executable, str(ROOT / "bench" / "scale.py"), "--quick", "--no-tcp", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=environment())
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("measured.json", "pingpong.csv", "traffic.csv", "timing.csv", "model.csv", "scale.md",
+                 "scale_model.png", "scale_measured.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    traffic = list(csv.DictReader((tmp_path / "traffic.csv").open()))
+    assert {int(r["p"]) for r in traffic} == {2, 3, 4, 5} and all(r["match"] == "True" for r in traffic)
+    model = list(csv.DictReader((tmp_path / "model.csv").open()))
+    assert {int(r["p"]) for r in model} >= {8, 4096} and all(float(r["tree"]) > 0 for r in model)
+    timing = list(csv.DictReader((tmp_path / "timing.csv").open()))
+    assert {r["impl"] for r in timing} == {"mpi", "fcoll", "doubling", "halving"}
+    assert all(r["ok"] == "True" for r in timing), timing
+    assert "measured crossover (shm, p = 4)" in done.stdout
+    assert "traffic check: every rank matches" in done.stdout

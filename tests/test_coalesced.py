@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import fcoll as fc
-from tests.helpers import BF16, same_bits
+from fcoll.backends.tree import doubling_limit
+from tests.helpers import BF16, same_bits, tree
 
 SHAPES = [(5, 5), (0,), (), (10, 10), (15, 3), (1,)]
 DTYPES = [np.float32, np.float64, BF16, np.int64, np.float32, np.complex64]
@@ -75,19 +76,17 @@ def test_reduce_scatter_tensor_coalesced_checks_each_array():
 
 
 @pytest.mark.parametrize("op", ["sum", "product", "max", "avg"])
-def test_float_results_are_rank_order_folds_at_every_size(group, op):
-    """Floating reductions equal numpy's left fold in group-rank order, for messages on
-    both sides of the gather/exchange switch, alone or fused."""
-    sizes = [1, 7, 5000, 20011]  # 20011 float64 > 32 KiB per rank
+def test_float_results_follow_the_tree_at_every_size(group, op):
+    """Floating reductions equal numpy's fold along the canonical tree (`helpers.tree`), for
+    messages on both sides of the doubling/halving switch, alone or fused."""
+    sizes = [1, 7, 5000, doubling_limit(group.size) // 8 + 11]  # the last above the switch per rank
     inputs = {r: [np.random.default_rng([r, s]).standard_normal(s) for s in sizes]
               for r in group.members}
     mine = inputs[group.members[group.rank]]
     fused = fc.all_reduce_coalesced(mine, op, group.arg)
     ufunc = {"sum": np.add, "avg": np.add, "product": np.multiply, "max": np.maximum}[op]
     for i, y in enumerate(fused):
-        expected = inputs[group.members[0]][i].copy()
-        for r in group.members[1:]:
-            expected = ufunc(expected, inputs[r][i])
+        expected = tree([inputs[r][i] for r in group.members], ufunc)
         if op == "avg":
             expected = expected / group.size
         assert same_bits(y, expected)

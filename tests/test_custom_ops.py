@@ -1,11 +1,10 @@
 """op= as a binary numpy ufunc on every reduction (all_reduce, reduce, reduce_scatter_tensor,
-reduce_scatter, the coalesced forms, async), folded in rank order and bit-identical across
+reduce_scatter, the coalesced forms, async), folded along the canonical tree and bit-identical across
 transports (MPI, the segment) and sizes; named ufuncs act as their op; the refusals; and the
 located reductions maxloc/minloc."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ import pytest
 import fcoll as fc
 from fcoll import runtime
 from fcoll.backends import shm
-from tests.helpers import BF16, data, layout_inputs, same_bits, wire
+from tests.helpers import BF16, data, layout_inputs, same_bits, tree, wire
 
 UFUNCS = [np.logaddexp, np.hypot, np.subtract, np.arctan2, np.fmin, np.copysign]
 
@@ -40,14 +39,15 @@ def _inputs(group, size, dtype, salt=0):
 
 
 def folded(inputs, ufunc):
-    """numpy's fold in rank order in the wire dtype (float32 for half types), cast back."""
+    """numpy's fold along the canonical tree in the wire dtype (float32 for half types),
+    cast back."""
     dtype = inputs[0].dtype
-    return functools.reduce(ufunc, [a.astype(wire(dtype)) for a in inputs]).astype(dtype)
+    return tree([a.astype(wire(dtype)) for a in inputs], ufunc).astype(dtype)
 
 
 @pytest.mark.parametrize("ufunc", UFUNCS, ids=lambda u: u.__name__)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, BF16], ids=str)
-def test_every_reduction_folds_in_rank_order(group, transport, ufunc, dtype):
+def test_every_reduction_folds_along_the_tree(group, transport, ufunc, dtype):
     n, r = group.size, group.rank
     for size in (5 * n, 6000 * n):  # gathered and blocked on MPI, one or several segment steps
         inputs = _inputs(group, size, dtype, salt=size)

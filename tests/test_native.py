@@ -1,9 +1,10 @@
 """The compiled shared-memory core (fcoll/backends/_shmcore.c) on its own, in one process:
-rank 0 of a segment whose peers are stand-ins that have always arrived, their data written
+one rank of a segment whose peers are stand-ins that have always arrived, their data written
 where the core reads it (the control line for messages up to 40 bytes, the slot above).
-Every fold (type x op, avg, premul_sum, scan) is checked bit for bit against numpy's
-rank-order fold, as fcoll's numpy path computes it; float16 and bfloat16 sums go through
-every bit pattern of the first operand; every call releases the GIL for its steps. These
+Every fold (type x op, avg, premul_sum, scan, exscan, reduce_scatter) is checked bit for bit
+against the canonical order's numpy reference (`fcoll.backends.tree.order.execute` on the
+programs the core is given); float16 and bfloat16 sums go through every bit pattern of the
+first operand; `combine` against numpy's ufuncs; every call releases the GIL for its steps. These
 run in the world-size-1 pass; the suite's MPI passes check the core between real processes
 (FCOLL_SHM=1, tests/test_native_stress.py).
 
@@ -29,6 +30,7 @@ import pytest
 import fcoll as fc
 from fcoll import runtime
 from fcoll.backends import native, segment, shm
+from fcoll.backends.tree import order
 from fcoll.calls import errors
 
 core_module = native.module()
@@ -44,18 +46,25 @@ PER_RANK = 192  # control bytes per rank (two 64-byte step lines, by parity, the
 
 
 class Peers:
-    """A segment of ``n`` ranks stepped by rank 0's core; ranks 1.. publish what a test gives."""
+    """A segment of ``n`` ranks stepped by rank ``rank``'s core (given its programs as
+    segment.py gives them, or ``programs``); the other ranks publish what a test gives."""
 
-    def __init__(self, n: int, capacity: int = CAPACITY, chunk: int = 1 << 20) -> None:
+    def __init__(self, n: int, capacity: int = CAPACITY, chunk: int = 1 << 20, rank: int = 0,
+                 programs: Any = None) -> None:
         assert core_module is not None
-        self.n, self.capacity = n, capacity
-        self.mem = np.zeros(HEAD + 2 * n * capacity, np.uint8)
-        self.core = core_module.Core(self.mem, n, 0, capacity, HEAD, chunk, 0, False)
+        self.n, self.capacity, self.rank = n, capacity, rank
+        self.head = max(HEAD, -(-n * PER_RANK // HEAD) * HEAD)  # the control lines (n > 21: more)
+        self.mem = np.zeros(self.head + 2 * n * capacity, np.uint8)
+        self.core = core_module.Core(self.mem, n, rank, capacity, self.head, chunk, 0, False)
+        self.core.programs(*(native.programs(n, rank) if programs is None else programs))
+
+    def others(self) -> list[int]:
+        return [j for j in range(self.n) if j != self.rank]
 
     def publish(self, rows: list[np.ndarray], count: int, fp: int = FP, arrived: bool = True) -> None:
-        """Ranks 1..n-1 arrive at the core's next step with ``rows[j - 1]``'s bytes."""
+        """The other ranks (in rank order) arrive at the core's next step with ``rows``' bytes."""
         step = self.core.step + 1
-        for j, row in enumerate(rows, 1):
+        for j, row in zip(self.others(), rows, strict=True):
             data = np.ascontiguousarray(row).reshape(-1).view(np.uint8)
             line = j * PER_RANK + (step & 1) * 64
             words = self.mem[line : line + 24].view(np.int64)
@@ -63,29 +72,43 @@ class Peers:
             if data.nbytes <= core_module.INLINE:
                 self.mem[line + 24 : line + 24 + data.nbytes] = data
             else:
-                slot = HEAD + ((step & 1) * self.n + j) * self.capacity
+                slot = self.head + ((step & 1) * self.n + j) * self.capacity
                 self.mem[slot : slot + data.nbytes] = data
 
     def always_arrived(self, count: int, fp: int = FP) -> None:
         """Ranks 1..n-1 arrived at every step to come (both parities), announcing ``fp`` and
         ``count``, their data whatever their slots hold: the core's calls never wait."""
-        for j in range(1, self.n):
+        for j in self.others():
             for parity in (0, 1):
                 line = j * PER_RANK + parity * 64
                 self.mem[line : line + 24].view(np.int64)[:] = (1 << 62, fp, count)
 
 
-def rank_order(rows: list[np.ndarray], ufunc: np.ufunc, avg: bool = False) -> np.ndarray:
-    """fcoll's numpy path: ((r0 op r1) op r2) ..., float16/bfloat16 in float32, avg after."""
+def canonical(rows: list[np.ndarray], ufunc: np.ufunc, avg: bool = False,
+              program: order.Program | None = None) -> np.ndarray | None:
+    """``program`` (default: the tree of ``len(rows)``) run by `order.execute` with numpy,
+    float16/bfloat16 in float32, avg divided by n after (in float32 for the halves), cast
+    back once; None for a program without result (rank 0's exscan)."""
     dtype = rows[0].dtype
     wide = np.float32 if dtype in (np.float16, BF16) else dtype
+    program = order.allreduce_program(len(rows)) if program is None else program
     with np.errstate(all="ignore"):  # overflow to inf, inf - inf: as the core
-        acc = rows[0].astype(wide)
-        for row in rows[1:]:
-            acc = ufunc(acc, row.astype(wide))
+        acc = order.execute(program, [row.astype(wide) for row in rows],
+                            np.empty(rows[0].shape, wide), ufunc)
+        if acc is None:
+            return None
         if avg:
             acc = np.divide(acc, len(rows), dtype=wide)
         return acc.astype(dtype)
+
+
+def rank_order(rows: list[np.ndarray], ufunc: np.ufunc) -> np.ndarray:
+    """((r0 op r1) op r2) ...: the order before the tree (to show a test's data tells them apart)."""
+    with np.errstate(all="ignore"):
+        acc = rows[0].astype(np.float64 if rows[0].dtype == np.float64 else np.float32)
+        for row in rows[1:]:
+            acc = ufunc(acc, row.astype(acc.dtype))
+        return acc.astype(rows[0].dtype)
 
 
 def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
@@ -122,9 +145,9 @@ def cases() -> list[tuple[np.dtype[Any], np.ufunc]]:
 
 
 @one_process
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
 @pytest.mark.parametrize(("dtype", "ufunc"), cases(), ids=lambda v: getattr(v, "__name__", str(v)))
-def test_every_fold_is_numpys_rank_order_fold(n, dtype, ufunc):
+def test_every_fold_is_the_canonical_trees(n, dtype, ufunc):
     rng = np.random.default_rng([n, DTYPES.index(dtype), UFUNCS.index(ufunc)])
     for size in (0, 1, 3, 40 // dtype.itemsize, 40 // dtype.itemsize + 1, 1000, 2500):
         rows = [sample(dtype, size, rng, r) for r in range(n)]
@@ -133,11 +156,11 @@ def test_every_fold_is_numpys_rank_order_fold(n, dtype, ufunc):
         peers = Peers(n)
         peers.publish(rows[1:], size)
         got = peers.core.allreduce(rows[0], *kernel, FP, -1.0)
-        assert_same_bits(got, rank_order(rows, ufunc))
+        assert_same_bits(got, canonical(rows, ufunc))
 
 
 @one_process
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("dtype", [np.dtype("float16"), BF16, np.dtype("float32"), np.dtype("float64")])
 def test_avg_and_premul_sum_fold_as_the_numpy_path(n, dtype):
     rng = np.random.default_rng(n)
@@ -146,7 +169,7 @@ def test_avg_and_premul_sum_fold_as_the_numpy_path(n, dtype):
     assert kernel is not None
     peers = Peers(n)
     peers.publish(rows[1:], 1500)
-    assert_same_bits(peers.core.allreduce(rows[0], *kernel, FP, -1.0), rank_order(rows, np.add, avg=True))
+    assert_same_bits(peers.core.allreduce(rows[0], *kernel, FP, -1.0), canonical(rows, np.add, avg=True))
     scaled = native.kernel(dtype, np.add, False, 0.3)
     if dtype.itemsize == 2:
         assert scaled is None  # halves scale in float32 on the numpy path
@@ -154,7 +177,7 @@ def test_avg_and_premul_sum_fold_as_the_numpy_path(n, dtype):
     assert scaled is not None
     factor = np.asarray(0.3, dtype)
     peers.publish([np.multiply(r, factor, dtype=dtype) for r in rows[1:]], 1500)  # scaled at copy-in
-    want = rank_order([np.multiply(r, factor, dtype=dtype) for r in rows], np.add)
+    want = canonical([np.multiply(r, factor, dtype=dtype) for r in rows], np.add)
     assert_same_bits(peers.core.allreduce(rows[0], *scaled, FP, -1.0), want)
 
 
@@ -174,27 +197,172 @@ def test_half_folds_round_every_bit_pattern_as_numpy(dtype, ufunc):
         peers.publish([other], first.size)
         kernel = native.kernel(dtype, ufunc, False, None)
         assert kernel is not None
-        assert_same_bits(peers.core.allreduce(first, *kernel, FP, -1.0), rank_order([first, other], ufunc))
+        assert_same_bits(peers.core.allreduce(first, *kernel, FP, -1.0), canonical([first, other], ufunc))
 
 
 @one_process
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("exclusive", [False, True])
 def test_scan_folds_the_ranks_before_this_one(n, exclusive):
-    """Rank 0's view: an inclusive scan is its own data, an exclusive one leaves its result
-    to the caller; a stand-in rank 0 is what the peers see, so the core is run as rank n-1."""
+    """The last rank's view (rank 0's inclusive scan is its own data, its exclusive one is
+    left to the caller): its scan program over the ranks' rows."""
     rng = np.random.default_rng(n)
     rows = [sample(np.dtype("float32"), 1000, rng, r) for r in range(n)]
-    mem = np.zeros(HEAD + 2 * n * CAPACITY, np.uint8)
-    core = core_module.Core(mem, n, n - 1, CAPACITY, HEAD, 1 << 20, 0, False)
-    for j in range(n - 1):
-        line = j * PER_RANK + 64
-        mem[line : line + 24].view(np.int64)[:] = (1, FP, 1000)
-        slot = HEAD + (n + j) * CAPACITY
-        mem[slot : slot + 4000] = rows[j].view(np.uint8)
+    peers = Peers(n, rank=n - 1)
+    peers.publish(rows[:-1], 1000)
     kind, op, flags, factor = native.kernel(np.dtype("float32"), np.add, False, None)
-    got = core.scan(rows[-1], kind, op, flags | (native.F_EXCLUSIVE if exclusive else 0), factor, FP, -1.0)
-    assert_same_bits(got, rank_order(rows[: n - 1] if exclusive else rows, np.add))
+    flags |= native.F_EXCLUSIVE if exclusive else 0
+    got = peers.core.scan(rows[-1], kind, op, flags, factor, FP, -1.0)
+    assert_same_bits(got, canonical(rows, np.add, program=order.scan_program(n, n - 1, exclusive)))
+
+
+ORDERED = [np.dtype("float32"), np.dtype("float64"), np.dtype("float16"), BF16]
+
+
+def spread(dtype: np.dtype[Any], size: int, rng: np.random.Generator) -> np.ndarray:
+    """Values of magnitudes far apart (1e8, or 3e4 in float16; 1, their negatives, 1e-3) in
+    random places: a sum's last bits depend on its order."""
+    big = 3e4 if dtype == np.float16 else 1e8
+    magnitudes = np.array([big, 1.0, -big, 1e-3, -1.0, big / 2])
+    return (rng.choice(magnitudes, size) * rng.uniform(0.5, 2.0, size)).astype(dtype)
+
+
+@one_process
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", ORDERED, ids=str)
+def test_reductions_and_scans_follow_the_canonical_programs(n, dtype):
+    """Every rank's view at n = 2..5: allreduce (sum, avg, and allreduce_into in place),
+    reduce_scatter, scan and exscan are `order.execute` of the tree's and the scan order's
+    programs bit for bit (float16/bfloat16 in float32, rounded once), in the control line,
+    in one block and across blocks; from n = 4 the data tells the tree from the rank order."""
+    rng = np.random.default_rng([n, ORDERED.index(dtype)])
+    add = native.kernel(dtype, np.add, False, None)
+    avg = native.kernel(dtype, np.add, True, None)
+    assert add is not None and avg is not None
+    differs = False
+    for size in (1, 7, 1000, 2500):  # elements per block: inline (n <= 5), one BLOCK, three
+        rows = [spread(dtype, size * n, rng) for _ in range(n)]
+        tree = canonical(rows, np.add)
+        assert tree is not None
+        differs |= not np.array_equal(tree, rank_order(rows, np.add))
+        for rank in range(n):
+            peers = Peers(n, rank=rank)
+            others, x = [rows[j] for j in peers.others()], rows[rank]
+
+            def step(method: Any, *args: Any, peers: Peers = peers, others: list[np.ndarray] = others,
+                     count: int = x.size) -> Any:
+                peers.publish(others, count)
+                return method(*args, FP, -1.0)
+
+            core = peers.core
+            assert_same_bits(step(core.allreduce, x, *add), tree)
+            assert_same_bits(step(core.allreduce, x, *avg), canonical(rows, np.add, avg=True))
+            mine = x.copy()
+            assert step(core.allreduce_into, mine, mine, *add) is mine
+            assert_same_bits(mine, tree)
+            blocks = [row.reshape(n, size)[rank] for row in rows]
+            assert_same_bits(step(core.reduce_scatter, x, *add), canonical(blocks, np.add))
+            for exclusive in (False, True):
+                kind, op, flags, factor = add
+                flags |= native.F_EXCLUSIVE if exclusive else 0
+                got = step(core.scan, x, kind, op, flags, factor)
+                want = canonical(rows, np.add, program=order.scan_program(n, rank, exclusive))
+                if want is not None:  # rank 0's exscan: the caller's identity
+                    assert_same_bits(got, want)
+    assert differs or n < 4, "the data does not tell the tree from the rank order"
+
+
+@one_process
+@pytest.mark.parametrize("n", [17, 32])
+@pytest.mark.parametrize("dtype", [np.dtype("float64"), BF16], ids=str)
+def test_larger_groups_fold_with_more_scratch_than_the_stack_holds(n, dtype):
+    """4 and 5 scratch buffers of a block each (more than the core keeps on its stack): the
+    tree, a scan and an exscan of a middle and the last rank, across blocks."""
+    rng = np.random.default_rng(n)
+    rows = [spread(dtype, 2500, rng) for _ in range(n)]
+    add = native.kernel(dtype, np.add, False, None)
+    assert add is not None
+    kind, op, flags, factor = add
+    for rank in (n // 2 + 1, n - 1):
+        peers = Peers(n, capacity=1 << 14 if dtype.itemsize == 2 else 1 << 15, rank=rank)
+        others = [rows[j] for j in peers.others()]
+        peers.publish(others, 2500)
+        assert_same_bits(peers.core.allreduce(rows[rank], *add, FP, -1.0), canonical(rows, np.add))
+        for exclusive in (False, True):
+            peers.publish(others, 2500)
+            got = peers.core.scan(rows[rank], kind, op, flags | (native.F_EXCLUSIVE if exclusive else 0),
+                                  factor, FP, -1.0)
+            program = order.scan_program(n, rank, exclusive)
+            assert_same_bits(got, canonical(rows, np.add, program=program))
+
+
+@one_process
+@pytest.mark.parametrize("dtype", [*ORDERED, np.dtype("int32")], ids=str)
+def test_programs_whose_output_is_an_operand_run_op_by_op(dtype):
+    """Programs the core is given as they are: here ops it would run as one pass but whose
+    output is an operand too (scratch buffer 0 is the output: `order.execute`), so it runs
+    them op by op: ((x0 + x1) + x2) + (x0 + x1), then one op of three fused, four ops."""
+    n, rng = 3, np.random.default_rng(5)
+    rows = [spread(dtype, 2500, rng) if dtype.kind != "i" else sample(dtype, 2500, rng, r)
+            for r in range(n)]
+    add = native.kernel(dtype, np.add, False, None)
+    assert add is not None
+    for ops, temps in ((((3, 0, 1), (4, 3, 2), (-1, 4, 3)), 2),
+                       (((3, 0, 1), (4, 3, 2), (5, 3, 1), (-1, 4, 5)), 3)):
+        program = order.Program(n, ops, order.OUT, temps)
+        peers = Peers(n, rank=1, programs=((program.as_array(), program.result, temps),
+                                           *native.programs(n, 1)[1:]))
+        peers.publish([rows[0], rows[2]], 2500)
+        assert_same_bits(peers.core.allreduce(rows[1], *add, FP, -1.0),
+                         canonical(rows, np.add, program=program))
+
+
+@one_process
+@pytest.mark.parametrize(("dtype", "ufunc"), [c for c in cases() if c[0].itemsize > 2 or c[0].kind in "ui"],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_combine_is_numpys_ufunc_in_place_or_not(dtype, ufunc):
+    """`_shmcore.combine(out, a, b, type, op)`: numpy's ``ufunc(a, b)`` bit for bit, into a
+    new array, into a, into b, and a with itself."""
+    rng = np.random.default_rng([DTYPES.index(dtype), UFUNCS.index(ufunc)])
+    kind, op, _, _ = native.kernel(dtype, ufunc, False, None)
+    for size in (0, 1, 13, 3000):
+        a, b = sample(dtype, size, rng, 0), sample(dtype, size, rng, 1)
+        with np.errstate(all="ignore"):
+            want, twice = ufunc(a, b), ufunc(a, a)
+        out = np.empty_like(a)
+        assert core_module.combine(out, a, b, kind, op) is out
+        assert_same_bits(out, want)
+        for into in (0, 1):
+            x, y = a.copy(), b.copy()
+            assert_same_bits(core_module.combine((x, y)[into], x, y, kind, op), want)
+        x = a.copy()
+        assert_same_bits(core_module.combine(x, x, x, kind, op), twice)
+
+
+@one_process
+def test_combine_and_programs_refuse_what_they_cannot_run():
+    f32 = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="no kernel"):
+        core_module.combine(f32, f32, f32, native.T_F16, native.O_ADD)  # halves: not here
+    with pytest.raises(TypeError):
+        core_module.combine(f32, f32, f32.astype(np.int32), native.T_F32, native.O_ADD)
+    with pytest.raises(ValueError, match="overlaps"):
+        core_module.combine(f32[1:], f32[:-1], f32[:-1], native.T_F32, native.O_ADD)
+    with pytest.raises(ValueError, match="one size"):
+        core_module.combine(f32, f32, f32[:4], native.T_F32, native.O_ADD)
+    ok, mem = native.programs(4, 1), np.zeros(HEAD + 2 * 4 * CAPACITY, np.uint8)
+    # a last op that is not OUT's, an operand past the scratch buffers, a row written, a dst
+    # past them; a row result past the rows
+    for bad in ([[4, 0, 1]], [[-1, 0, 9]], [[0, 1, 2], [-1, 0, 1]], [[5, 0, 1], [-1, 5, 2]], []):
+        core = core_module.Core(mem, 4, 1, CAPACITY, HEAD, 1 << 20, 0, False)
+        with pytest.raises(ValueError, match="programs"):
+            core.programs((np.array(bad, np.int32).reshape(-1, 3), 4 if not bad else -1, 1), *ok[1:])
+    bare = core_module.Core(mem, 4, 1, CAPACITY, HEAD, 1 << 20, 0, False)
+    with pytest.raises(RuntimeError, match="no programs"):
+        bare.allreduce(f32, *native.kernel(f32.dtype, np.add, False, None), FP, -1.0)
+    bare.programs(*ok)
+    with pytest.raises(RuntimeError, match="already"):
+        bare.programs(*ok)
 
 
 @one_process
@@ -205,7 +373,7 @@ def test_reduce_scatter_all_gather_and_broadcast_move_the_right_bytes():
     peers.publish(rows[1:], rows[0].size)
     kernel = native.kernel(np.dtype("int32"), np.add, False, None)
     got = peers.core.reduce_scatter(rows[0], *kernel, FP, -1.0)
-    np.testing.assert_array_equal(got, rank_order(rows, np.add)[:700])
+    np.testing.assert_array_equal(got, canonical(rows, np.add)[:700])
     parts = [rows[r][: 5 + r * 0] for r in range(n)]  # 20 bytes: inside the control line
     peers.publish(parts[1:], 5)
     np.testing.assert_array_equal(peers.core.allgather(parts[0], None, FP, -1.0), np.concatenate(parts))

@@ -1,5 +1,5 @@
 """The shared-memory step protocol under stress (tests/stress_job.py): 100,000 collectives at
-n = 2, 3 and 4 through the segment (the compiled core where it is built), random sizes,
+n = 2, 3 and 4 (20,000 at n = 5) through the segment (the compiled core where it is built), random sizes,
 roots, groups and delays on random ranks, every result checked on every rank; a shorter run
 on the numpy path (FCOLL_NATIVE=0). Launched from the world-size-1 pass."""
 
@@ -32,6 +32,12 @@ def _stress(n: int, steps: int, native: str, limit: float) -> str:
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_100000_steps_with_random_delays_check_every_result(n):
     _stress(n, 100_000, "auto", limit=600)
+
+
+def test_five_ranks_fold_the_tree_with_scratch_and_fused_passes():
+    """n = 5 (more ranks than cores): the tree's pre-step pair, a scratch buffer and the
+    passes that fold two ops at once, between real processes, over several steps a call."""
+    _stress(5, 20_000, "auto", limit=600)
 
 
 def test_the_numpy_path_under_the_same_stress():

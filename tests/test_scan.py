@@ -1,11 +1,11 @@
-"""scan and exscan: every dtype and op of all_reduce, on every group and world size, folded in
-rank order whatever the transport (MPI, the segment) and the size (gathered, blocked), the
+"""scan and exscan: every dtype and op of all_reduce, on every group and world size, in the
+scan order of the group's size whatever the transport (MPI, the segment) and the size, the
 identity on rank 0 of an exscan, with_total, async, layouts, ufuncs and the refused ops.
-Expected values are numpy's sequential reductions of the members' inputs."""
+Expected values are numpy's reductions of the members' inputs in that order
+(`tests.helpers.scan_tree`, written from the contract)."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterator
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import fcoll as fc
 from fcoll import runtime
 from fcoll.backends import shm
-from fcoll.collectives import _fold
+from fcoll.backends.tree import doubling_limit
 from tests.helpers import (
     ALL_DTYPES,
     BF16,
@@ -26,6 +26,7 @@ from tests.helpers import (
     reduce_error,
     reference,
     same_bits,
+    scan_tree,
     wire,
 )
 
@@ -66,10 +67,10 @@ def identity(dtype: np.dtype, op: str) -> np.ndarray:
 
 
 def expected_scan(inputs, r, op, exclusive=False):
-    upto = inputs[: r if exclusive else r + 1]
-    if not upto:
+    """Rank r's scan (exscan: rank r - 1's scan, the identity on rank 0)."""
+    if exclusive and r == 0:
         return np.broadcast_to(identity(inputs[0].dtype, op), inputs[0].shape).copy()
-    return reference(upto, op)
+    return reference(inputs, op, prefix_of=r - 1 if exclusive else r)
 
 
 def _inputs(group, shape, dtype, salt, high=4):
@@ -97,10 +98,11 @@ def test_every_dtype_and_op(group, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, BF16, np.complex128,
                                    np.int32, np.bool_], ids=str)
-@pytest.mark.parametrize("size", [7, 5000, 70_000])  # gathered, blocked, several segment steps
-def test_rank_order_at_every_size_and_transport(group, transport, dtype, size):
+@pytest.mark.parametrize("size", [7, 5000, 70_000])  # one message, several segment steps
+def test_scan_order_at_every_size_and_transport(group, transport, dtype, size):
     """Arbitrary floats show the order of the fold in their low bits: every transport and
-    size gives numpy's sequential fold ``((x0 + x1) + x2) ...`` in the wire dtype."""
+    size gives numpy's fold in the scan order (`tests.helpers.scan_tree`) in the wire dtype;
+    the total is the all_reduce's bits."""
     rng = [np.random.default_rng([9, r]) for r in group.members]
     if np.dtype(dtype).kind in "iub":
         inputs = [g.integers(0, 50, size).astype(dtype) for g in rng]
@@ -116,6 +118,7 @@ def test_rank_order_at_every_size_and_transport(group, transport, dtype, size):
             prefix, total = fn(inputs[group.rank], op, group.arg, with_total=True)
             assert same_bits(prefix, expected_scan(inputs, group.rank, op, exclusive)), (op, fn)
             assert same_bits(total, reference(inputs, op))
+            assert same_bits(total, fc.all_reduce(inputs[group.rank], op, group.arg))
 
 
 def test_seed_values(group):
@@ -164,14 +167,15 @@ UFUNCS = [np.logaddexp, np.hypot, np.subtract, np.fmax, np.arctan2]
 
 @pytest.mark.parametrize("ufunc", UFUNCS, ids=lambda u: u.__name__)
 @pytest.mark.parametrize("dtype", [np.float64, np.float16], ids=str)
-def test_ufunc_ops_fold_in_rank_order(group, transport, ufunc, dtype):
-    """A ufunc need not be commutative (subtract, arctan2): rank order is the contract."""
+def test_ufunc_ops_fold_in_the_scan_order(group, transport, ufunc, dtype):
+    """A ufunc need not be commutative (subtract, arctan2): the scan order's bracketing, the
+    lower rank on the left, is the contract."""
     for size in (4, 9000):
         inputs = [np.random.default_rng([5, r]).uniform(-3, 3, size).astype(dtype)
                   for r in group.members]
         w = wire(np.dtype(dtype))
-        prefixes = [functools.reduce(ufunc, [a.astype(w) for a in inputs[: k + 1]])
-                    for k in range(group.size)]
+        wires = [a.astype(w) for a in inputs]
+        prefixes = [scan_tree(wires, k, ufunc) for k in range(group.size)]
         y = fc.scan(inputs[group.rank], ufunc, group.arg)
         assert same_bits(y, prefixes[group.rank].astype(dtype))
         e, total = fc.exscan(inputs[group.rank], ufunc, group.arg, with_total=True)
@@ -218,13 +222,15 @@ def test_refused_ops():
             fn(np.ones(2, np.int32), np.arctan2)
 
 
-def test_small_and_large_paths_meet_at_the_limit(group):
-    """Just below and above the gather limit (per rank) the results are the same fold."""
-    count = _fold.GATHER_LIMIT // 8
+def test_prefixes_do_not_depend_on_the_length(group):
+    """Around the all-reduce's doubling/halving switch (per rank) and through the segment's
+    steps, a prefix of the same elements is the same, alone or in a longer message."""
+    count = doubling_limit(group.size) // 8
     for size in (count, count + 1):
         inputs = [np.random.default_rng([11, r]).standard_normal(size) for r in group.members]
-        assert same_bits(fc.scan(inputs[group.rank], group=group.arg),
-                         expected_scan(inputs, group.rank, "sum"))
+        y = fc.scan(inputs[group.rank], group=group.arg)
+        assert same_bits(y, expected_scan(inputs, group.rank, "sum"))
+        assert same_bits(fc.scan(inputs[group.rank][:5], group=group.arg), y[:5])
 
 
 def test_mismatched_calls_raise_on_the_segment(world_size, rank):
@@ -249,7 +255,7 @@ def test_mismatched_calls_raise_on_the_segment(world_size, rank):
 @settings(max_examples=25)
 @given(st.lists(st.integers(-50, 50), min_size=0, max_size=6),
        st.sampled_from(["sum", "max", "min", "bxor"]), st.booleans())
-def test_property_matches_sequential_numpy(values, op, exclusive):
+def test_property_matches_numpy(values, op, exclusive):
     """Random small integer arrays (every rank derives every rank's): the prefix is numpy's."""
     n, r = fc.get_world_size(), fc.get_rank()
     inputs = [np.array(values, np.int64) * (k + 1) - k for k in range(n)]

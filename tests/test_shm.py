@@ -87,7 +87,7 @@ def test_every_dtype_and_op_is_bit_identical(group, forced, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int64", "complex64"])
 def test_large_messages_in_several_steps(group, forced, dtype):
-    """Messages over a step's CHUNK (here 2.3 steps) are folded step by step, in rank order."""
+    """Messages over a step's CHUNK (here 2.3 steps) are folded step by step, along the tree."""
     dtype = BF16 if dtype == "bfloat16" else np.dtype(dtype)
     count = int(2.3 * shm.CHUNK) // dtype.itemsize
     inputs = _inputs(dtype, (count,), group.size, salt=3)
@@ -198,7 +198,7 @@ def test_the_default_groups_fast_path_steps_through_the_segment(world_size, rank
                                                                 monkeypatch, dtype, shape):
     """Once the world's segment exists, one-step all_reduce and reduce_scatter_tensor calls
     of the default group go from the fast path straight to the segment (no full-path call,
-    one step each), bit-identical to MPI and in rank order."""
+    one step each), bit-identical to MPI and along the tree."""
     if world_size == 1:
         pytest.skip("needs two ranks")
     from fcoll.collectives import _fast

@@ -53,16 +53,21 @@
  * A deadline (CLOCK_MONOTONIC seconds, as Python's time.monotonic) raises Timeout once it has
  * passed (a sleep ends at the deadline).
  *
- * Folds run in group-rank order, ((r0 op r1) op r2) ..., per element, as numpy's ufuncs do,
- * so results are bit-identical to the numpy path: integer sum and product wrap (unsigned
- * arithmetic), float min/max propagate NaN as np.minimum/np.maximum, float16 and bfloat16
- * accumulate in float32 and round back as numpy and ml_dtypes do, avg divides the float sum by
- * n in the wire type, premul_sum scales each rank's data at copy-in. No -ffast-math: the build
- * keeps IEEE semantics (-ffp-contract=off).
+ * Folds run in fcoll's canonical order (fcoll/backends/tree/order.py): a balanced tree over
+ * the ranks, and its scan and exscan orders, which Python hands each Core as programs of
+ * binary ops (dst = a op b over rows, scratch buffers and the result; Core.programs). Each
+ * step runs its rank's program block by block (BLOCK elements, in L1), so results are
+ * bit-identical to order.execute with numpy's ufuncs and to the MPI path's schedules:
+ * integer sum and product wrap (unsigned arithmetic), float min/max propagate NaN as
+ * np.minimum/np.maximum, float16 and bfloat16 accumulate in float32 along the tree and round
+ * back once as numpy and ml_dtypes do, avg divides the float result by n (in float32 for the
+ * halves, before they round), premul_sum scales each rank's data at copy-in. No -ffast-math:
+ * the build keeps IEEE semantics (-ffp-contract=off). combine (a module function) is one such
+ * op on numpy arrays, for the MPI path's schedules.
  *
- * Files: _shmcore.h (layout, state, shared declarations), _shmfold.c (conversions and folds),
- * this file (the step protocol, the collectives, the Core type, the module), _shmfast.c (Fast:
- * a fast path's whole call, flight record included, as one C callable).
+ * Files: _shmcore.h (layout, state, shared declarations), _shmfold.c (conversions, kernels,
+ * programs), this file (the step protocol, the collectives, the Core type, the module),
+ * _shmfast.c (Fast: a fast path's whole call, flight record included, as one C callable).
  */
 #include "_shmcore.h"
 
@@ -317,19 +322,44 @@ int shm_takes(Core *c, const Step *s, PyArrayObject *x) {
     return 0;
 }
 
-/* reduce and scan: rank r folds every rank (reduce), ranks 0..r (scan) or 0..r-1 (scan,
- * F_EXCLUSIVE; rank 0's result is left to the caller, who fills in the identity); into
- * ``given`` (reduce only; Py_None: a new array), which may be x itself */
+/* A call's scratch buffers for ``p`` (fold_scratch), on ``count`` units per step at most:
+ * ``stack`` where they fit, else malloc'ed (*allocated, to free). NULL with the error set
+ * (no programs yet, no memory); made with the GIL, before its steps. */
+#define SCRATCH_STACK 16384
+static char *scratch_for(Core *c, const Program *p, int type, Py_ssize_t count, char *stack,
+                         char **allocated) {
+    *allocated = NULL;
+    if (!c->programmed) {
+        PyErr_SetString(PyExc_RuntimeError, "_shmcore.Core: no programs (Core.programs)");
+        return NULL;
+    }
+    size_t need = fold_scratch(p, type, count);
+    if (need <= SCRATCH_STACK) return stack;
+    if ((*allocated = malloc(need)) == NULL) PyErr_NoMemory();
+    return *allocated;
+}
+
+/* reduce and scan: rank r runs its program (Core.programs) on every rank's row per step:
+ * the tree (reduce), its scan or exscan (K_SCAN, F_EXCLUSIVE: rank 0's has no result, left to
+ * the caller, who fills in the identity); into ``given`` (reduce only; Py_None: a new array),
+ * which may be x itself */
 static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *given) {
-    int fsz = fold_size[s->type], esz = elem_size[s->type], avg = s->flags & F_AVG;
+    int fsz = fold_size[s->type], esz = elem_size[s->type], avg = s->flags & F_AVG, n = c->n;
     /* this rank's own row: its input (the slot its peers read is then left to them), or the
      * copy it published when that copy is what counts (scaled), the input is unaligned or
      * the result overwrites it (in place) */
     int scale = s->flags & F_SCALE, published = scale || !PyArray_ISALIGNED(x);
+    const Program *prog = &c->programs[s->kind == K_REDUCE ? P_ALLREDUCE
+                                       : s->flags & F_EXCLUSIVE ? P_EXSCAN : P_SCAN];
+    const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
+    Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x), all_bytes = total * esz;
+    _Alignas(64) char stack[SCRATCH_STACK];
+    char *allocated, *scratch = scratch_for(c, prog, s->type, min_size(total, per) * (esz / fsz),
+                                            stack, &allocated);
+    if (scratch == NULL) return NULL;
     PyArrayObject *out;
     if (given == Py_None) {
         out = new_like(x, -1);
-        if (out == NULL) return NULL;
     } else if (s->kind == K_REDUCE && PyArray_Check(given) &&
                PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
                PyArray_ISWRITEABLE((PyArrayObject *)given) &&
@@ -339,13 +369,15 @@ static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *
     } else {
         PyErr_SetString(PyExc_ValueError, "_shmcore.allreduce_into: out must be a writable "
                                           "C-contiguous array of x's dtype and size");
+        out = NULL;
+    }
+    if (out == NULL) {
+        free(allocated);
         return NULL;
     }
-    const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
     char *dst = PyArray_BYTES(out);
-    Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x), all_bytes = total * esz;
     if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
-    int k = s->kind == K_SCAN ? (s->flags & F_EXCLUSIVE ? c->rank : c->rank + 1) : c->n, failed = STEP_OK;
+    int failed = STEP_OK;
     PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
     for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
         Py_ssize_t m = min_size(total - at, per), nbytes = m * esz;
@@ -354,23 +386,32 @@ static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *
         if (scale) scale_copy(mine, src + at * esz, s->type, m, s->factor);
         else if (nbytes) memcpy(mine, src + at * esz, (size_t)nbytes);
         if ((failed = exchange(c, s->fp, total, s->deadline, &ts)) != STEP_OK) break;
-        for (int j = 0; j < k; ++j)
+        for (int j = 0; j < n; ++j)
             rows[j] = (j == c->rank && !published) ? src + at * esz : data_of(c, j, step, nbytes);
-        if (k >= 2) folds[s->type][s->op](dst + at * esz, rows, k, m * (esz / fsz), avg);
-        else if (k == 1) memcpy(dst + at * esz, rows[0], (size_t)nbytes);
+        fold_program(prog, s->type, s->op, avg, n, rows, dst + at * esz, m * (esz / fsz), scratch);
         if (total == 0) break;
     }
+    free(allocated);
     return finish(c, ts, failed, out);
 }
 
-/* reduce_scatter: each step carries the next piece of every block; rank r folds block r's */
+/* reduce_scatter: each step carries the next piece of every block; rank r runs the tree on
+ * block r's */
 static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
     int n = c->n, me = c->rank, esz = elem_size[s->type], fsz = fold_size[s->type];
     int scale = s->flags & F_SCALE, avg = s->flags & F_AVG;
     int published = scale || !PyArray_ISALIGNED(x); /* as in run_reduce */
     Py_ssize_t size = PyArray_SIZE(x) / n, per = scatter_piece(c, s); /* elements per block */
+    const Program *prog = &c->programs[P_ALLREDUCE];
+    _Alignas(64) char stack[SCRATCH_STACK];
+    char *allocated, *scratch = scratch_for(c, prog, s->type, min_size(size, per) * (esz / fsz),
+                                            stack, &allocated);
+    if (scratch == NULL) return NULL;
     PyArrayObject *out = new_like(x, PyArray_DIMS(x)[0] / n);
-    if (out == NULL) return NULL;
+    if (out == NULL) {
+        free(allocated);
+        return NULL;
+    }
     const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
     char *dst = PyArray_BYTES(out);
     Py_ssize_t count = PyArray_SIZE(x);
@@ -389,9 +430,10 @@ static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
         for (int j = 0; j < n; ++j)
             rows[j] = (j == me && !published) ? src + ((Py_ssize_t)me * size + at) * esz
                                           : data_of(c, j, step, piece * n) + me * piece;
-        folds[s->type][s->op](dst + at * esz, rows, n, m * (esz / fsz), avg);
+        fold_program(prog, s->type, s->op, avg, n, rows, dst + at * esz, m * (esz / fsz), scratch);
         if (size == 0) break;
     }
+    free(allocated);
     return finish(c, ts, failed, out);
 }
 
@@ -477,7 +519,7 @@ PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
 
 /* A reduction's (type, op, flags, factor): 0, or -1 with ValueError set */
 int shm_fold_ok(int type, int op) {
-    if (type < 0 || type >= T_COUNT || op < 0 || op >= O_COUNT || folds[type][op] == NULL) {
+    if (!fold_exists(type, op)) {
         PyErr_Format(PyExc_ValueError, "_shmcore: no fold for type %d op %d", type, op);
         return -1;
     }
@@ -569,6 +611,84 @@ static PyObject *Core_announced(Core *c, PyObject *args) {
     return list;
 }
 
+/* One program from Python, ``(ops, result, temps)`` (order.py's Program: ``as_array()``, an
+ * (k, 3) int32 array, its result and temps), checked and copied into ``p``: 0, or -1 with
+ * ValueError set (operands out of range, a result that is never written) */
+static int program_from(Core *c, PyObject *spec, Program *p, const char *name) {
+    PyObject *given;
+    int result, temps, n = c->n;
+    if (!PyArg_ParseTuple(spec, "Oii", &given, &result, &temps)) return -1;
+    PyArrayObject *ops = (PyArrayObject *)PyArray_FROMANY(given, NPY_INT32, 2, 2,
+                                                          NPY_ARRAY_IN_ARRAY);
+    if (ops == NULL) return -1;
+    npy_intp k = PyArray_DIMS(ops)[0];
+    const int32_t *o = (const int32_t *)PyArray_DATA(ops);
+    const char *bad = NULL;
+    if (PyArray_DIMS(ops)[1] != 3 || k > 1 << 16) bad = "ops must be a (k, 3) array";
+    else if (temps < 0 || temps > MAX_TEMPS) bad = "too many scratch buffers";
+    else if (k == 0 && !(result == NONE || (result >= 0 && result < n)))
+        bad = "without ops the result must be a row or NONE";
+    else if (k > 0 && (result != OUT || o[3 * (k - 1)] != OUT))
+        bad = "with ops the result must be OUT, the last op's";
+    for (npy_intp i = 0; bad == NULL && i < k; ++i) {
+        const int32_t *op = o + 3 * i;
+        if (op[0] != OUT && (op[0] < n || op[0] >= n + temps))
+            bad = "a dst must be OUT or a scratch buffer";
+        for (int j = 1; j < 3 && bad == NULL; ++j)
+            if (op[j] < 0 || op[j] >= n + temps)
+                bad = "an operand must be a row or a scratch buffer";
+    }
+    if (bad != NULL) {
+        PyErr_Format(PyExc_ValueError, "_shmcore.Core.programs: %s program of %d ranks: %s", name,
+                     n, bad);
+        Py_DECREF(ops);
+        return -1;
+    }
+    p->ops = PyMem_RawMalloc(k > 0 ? (size_t)k * 3 * sizeof(int32_t) : 1);
+    p->fuse = PyMem_RawMalloc(k > 0 ? (size_t)k : 1);
+    if (p->ops == NULL || p->fuse == NULL) {
+        Py_DECREF(ops);
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (k > 0) memcpy(p->ops, o, (size_t)k * 3 * sizeof(int32_t));
+    p->k = (int)k;
+    p->result = result;
+    p->temps = temps;
+    program_plan(p, n);
+    Py_DECREF(ops);
+    return 0;
+}
+
+static void programs_free(Core *c) {
+    for (int i = 0; i < P_COUNT; ++i) {
+        PyMem_RawFree(c->programs[i].ops);
+        PyMem_RawFree(c->programs[i].fuse);
+        c->programs[i].ops = NULL;
+        c->programs[i].fuse = NULL;
+    }
+    c->programmed = 0;
+}
+
+/* programs(allreduce, scan, exscan): this rank's reduction orders, once */
+static PyObject *Core_programs(Core *c, PyObject *args) {
+    PyObject *specs[P_COUNT];
+    static const char *names[P_COUNT] = {"the allreduce", "the scan", "the exscan"};
+    if (!PyArg_ParseTuple(args, "OOO", &specs[0], &specs[1], &specs[2])) return NULL;
+    if (c->programmed) { /* a call may be running them without the GIL */
+        PyErr_SetString(PyExc_RuntimeError, "_shmcore.Core.programs: already given");
+        return NULL;
+    }
+    for (int i = 0; i < P_COUNT; ++i) {
+        if (program_from(c, specs[i], &c->programs[i], names[i]) < 0) {
+            programs_free(c);
+            return NULL;
+        }
+    }
+    c->programmed = 1;
+    Py_RETURN_NONE;
+}
+
 /* ---- the type ----------------------------------------------------------------------------- */
 
 static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
@@ -594,6 +714,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
 
 static void Core_dealloc(Core *c) {
     if (c->base != NULL) PyBuffer_Release(&c->view);
+    programs_free(c);
     Py_XDECREF(c->serve);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -626,12 +747,16 @@ static PyGetSetDef Core_getset[] = {
 };
 
 static PyMethodDef Core_methods[] = {
+    {"programs", (PyCFunction)Core_programs, METH_VARARGS,
+     "programs(allreduce, scan, exscan): this rank's reduction orders, each (ops, result, "
+     "temps) of fcoll.backends.tree.order's Program (ops: as_array()); once, before any reduction"},
     {"allreduce", (PyCFunction)Core_allreduce, METH_VARARGS,
      "allreduce(x, type, op, flags, factor, fp, deadline): a new array, or None"},
     {"allreduce_into", (PyCFunction)Core_allreduce_into, METH_VARARGS,
      "allreduce_into(out, x, type, op, flags, factor, fp, deadline): out, or None"},
     {"scan", (PyCFunction)Core_scan, METH_VARARGS,
-     "scan(x, type, op, flags, factor, fp, deadline): ranks 0..r (F_EXCLUSIVE: 0..r-1)"},
+     "scan(x, type, op, flags, factor, fp, deadline): the scan program's (F_EXCLUSIVE: exscan's) "
+     "result, or None where the core does not take x"},
     {"reduce_scatter", (PyCFunction)Core_reduce_scatter, METH_VARARGS,
      "reduce_scatter(x, type, op, flags, factor, fp, deadline): block rank of the reduction"},
     {"allgather", (PyCFunction)Core_allgather, METH_VARARGS, "allgather(x, out, fp, deadline)"},
@@ -653,8 +778,73 @@ PyTypeObject CoreType = {
     .tp_getset = Core_getset,
 };
 
+/* combine(out, a, b, type, op): out = a op b elementwise with the core's kernels, the GIL
+ * released for the loop (the MPI path's schedules: fcoll.backends.tree). Arrays: C-contiguous,
+ * native byte order, of (type)'s dtype and one size; out writable, a or b itself or apart
+ * from both. Not float16/bfloat16 (their trees run in float32 on the MPI path). */
+static PyObject *combine(PyObject *module, PyObject *args) {
+    PyObject *objs[3];
+    int type, op;
+    if (!PyArg_ParseTuple(args, "OOOii", &objs[0], &objs[1], &objs[2], &type, &op)) return NULL;
+    int known = type >= 0 && type < T_COUNT && op >= 0 && op < O_COUNT;
+    pair_fn pair = known ? pair_of(type, op) : NULL;
+    if (pair == NULL) {
+        PyErr_Format(PyExc_ValueError, "_shmcore.combine: no kernel for type %d op %d", type, op);
+        return NULL;
+    }
+    static const char kinds[T_COUNT] = "uiuiuiuiffffcc"; /* numpy's dtype kinds ('b' for u8) */
+    PyArrayObject *arr[3];
+    for (int i = 0; i < 3; ++i) {
+        arr[i] = (PyArrayObject *)objs[i];
+        if (!PyArray_Check(objs[i])) {
+            PyErr_SetString(PyExc_TypeError, "_shmcore.combine: expected numpy arrays out, a, b");
+            return NULL;
+        }
+        char kind = PyArray_DESCR(arr[i])->kind;
+        if (PyArray_ITEMSIZE(arr[i]) != elem_size[type] || !PyArray_ISNOTSWAPPED(arr[i]) ||
+            !(kind == kinds[type] || (type == T_U8 && kind == 'b'))) {
+            PyErr_Format(PyExc_TypeError, "_shmcore.combine: the arrays must be of type %d's "
+                         "dtype (kind %c, %d bytes)", type, kinds[type], elem_size[type]);
+            return NULL;
+        }
+        if (!PyArray_IS_C_CONTIGUOUS(arr[i]) || !PyArray_ISALIGNED(arr[i]) ||
+            PyArray_SIZE(arr[i]) != PyArray_SIZE(arr[0])) {
+            PyErr_SetString(PyExc_ValueError, "_shmcore.combine: expected aligned C-contiguous "
+                                              "arrays of one size");
+            return NULL;
+        }
+    }
+    if (!PyArray_ISWRITEABLE(arr[0])) {
+        PyErr_SetString(PyExc_ValueError, "_shmcore.combine: out is read-only");
+        return NULL;
+    }
+    char *o = PyArray_BYTES(arr[0]);
+    Py_ssize_t nbytes = PyArray_NBYTES(arr[0]);
+    for (int i = 1; i < 3; ++i) {
+        const char *x = PyArray_BYTES(arr[i]);
+        if (x != o && x < o + nbytes && o < x + nbytes) {
+            PyErr_SetString(PyExc_ValueError, "_shmcore.combine: out overlaps a or b without "
+                                              "being it");
+            return NULL;
+        }
+    }
+    Py_ssize_t count = PyArray_SIZE(arr[0]) * (elem_size[type] / fold_size[type]);
+    if (count > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        pair(o, PyArray_BYTES(arr[1]), PyArray_BYTES(arr[2]), count);
+        Py_END_ALLOW_THREADS
+    }
+    return Py_NewRef(objs[0]);
+}
+
+static PyMethodDef module_methods[] = {
+    {"combine", combine, METH_VARARGS,
+     "combine(out, a, b, type, op): out = a op b elementwise (out may be a or b); out"},
+    {NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_shmcore", "fcoll's compiled shared-memory step.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_shmcore", "fcoll's compiled shared-memory step.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__shmcore(void) {

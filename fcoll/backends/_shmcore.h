@@ -1,5 +1,5 @@
 /* Shared by the compiled shared-memory core's files (fcoll.backends._shmcore): the segment's
- * layout, the core's state, the folds' table and the step description. See _shmcore.c. */
+ * layout, the core's state and programs, the folds and the step description. See _shmcore.c. */
 #ifndef FCOLL_SHMCORE_H
 #define FCOLL_SHMCORE_H
 #define PY_SSIZE_T_CLEAN
@@ -50,14 +50,29 @@ enum { F_AVG = 1, F_SCALE = 2, F_INCLUSIVE = 4, F_EXCLUSIVE = 8 };
 /* the kinds of call the core takes */
 enum { K_REDUCE, K_SCAN, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_COUNT };
 
+/* A reduction order as a program (fcoll/backends/tree/order.py, `Program`): ``k`` ops
+ * (dst, a, b) in ``ops`` (3 k ints, malloc'ed), each dst = a op b elementwise; an operand is
+ * rank j's row (0..n-1), scratch buffer t (n + t, t < temps) or OUT (the result: a dst
+ * only). With ops ``result`` is OUT; without, the row that is the result, or NONE. */
+enum { OUT = -1, NONE = -2 };
+enum { P_ALLREDUCE, P_SCAN, P_EXSCAN, P_COUNT }; /* a rank's programs (Core.programs) */
+#define MAX_TEMPS 16
+typedef struct {
+    int k, result, temps;
+    int32_t *ops;
+    unsigned char *fuse; /* k flags: op i and the next (FUSE_3) or two (FUSE_4), one pass */
+} Program;
+enum { FUSE_3 = 1, FUSE_4 = 2 }; /* program_plan */
+
 typedef struct {
     PyObject_HEAD
     Py_buffer view;
     char *base;
-    int n, rank, oversubscribed;
+    int n, rank, oversubscribed, programmed;
     Py_ssize_t capacity, head, chunk;
     int64_t step;
     PyObject *serve;
+    Program programs[P_COUNT]; /* this rank's: allreduce (and reduce_scatter), scan, exscan */
 } Core;
 
 /* What one call does: its kind, fold (type, op, flags, factor), root, fingerprint, deadline */
@@ -68,10 +83,20 @@ typedef struct {
     double deadline;
 } Step;
 
-typedef void (*fold_fn)(char *out, const char *const *rows, int n, Py_ssize_t count, int avg);
-
-extern fold_fn folds[T_COUNT][O_COUNT]; /* _shmfold.c; NULL where fcoll never asks */
+/* _shmfold.c. Counts are of fold units (fold_size bytes: a complex is two). */
+typedef void (*pair_fn)(char *out, const char *a, const char *b, Py_ssize_t count);
 extern const int elem_size[T_COUNT], fold_size[T_COUNT];
+int fold_exists(int type, int op); /* 1 where the core folds (type, op) */
+/* out = a op b (out may be a or b itself); NULL for float16/bfloat16 and where none exists */
+pair_fn pair_of(int type, int op);
+/* plan ``p``'s passes (its ``fuse``, k bytes the caller allocated) */
+void program_plan(Program *p, int n);
+/* the scratch bytes fold_program needs for ``p`` on ``count`` units (or fewer) */
+size_t fold_scratch(const Program *p, int type, Py_ssize_t count);
+/* ``p`` on ``count`` units of every rank's row (``rows``: n pointers) into ``out`` (nothing
+ * where it has no result), block by block; ``avg``: the float result divided by n */
+void fold_program(const Program *p, int type, int op, int avg, int n, const char *const *rows,
+                  char *out, Py_ssize_t count, char *scratch);
 void scale_copy(char *dst, const char *src, int type, Py_ssize_t count, double factor);
 
 extern PyObject *Mismatch, *Timeout; /* _shmcore.c */

@@ -100,6 +100,22 @@ def running() -> bool:
     return bool(_JOB and _JOB[0])
 
 
+def programs(n: int, rank: int) -> tuple[tuple[np.ndarray, int, int], ...]:
+    """``Core.programs``' arguments for rank ``rank`` of ``n``: the canonical tree's, scan's
+    and exscan's programs (`fcoll.backends.tree.order`), each ``(ops, result, temps)``, the
+    order the core folds in.
+
+    Example:
+        >>> programs(3, 2)[0]
+        (array([[ 3,  0,  1],
+               [-1,  3,  2]], dtype=int32), -1, 1)
+    """
+    from fcoll.backends.tree.order import allreduce_program, scan_program  # (tree imports this)
+
+    orders = (allreduce_program(n), scan_program(n, rank, False), scan_program(n, rank, True))
+    return tuple((p.as_array(), p.result, p.temps) for p in orders)
+
+
 def kernel(dtype: np.dtype[Any], ufunc: np.ufunc, avg: bool, factor: float | complex | None
            ) -> Kernel | None:
     """The core's fold for a reduction of ``dtype`` folded with ``ufunc`` (its fold ufunc:

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from fcoll import runtime
-from fcoll.calls import fingerprint
+from fcoll.backends import native
+from fcoll.calls import fingerprint, traffic
 from fcoll.calls.errors import check_notices, timed_out
 from fcoll.calls.work import Call
 from fcoll.diagnostics import flight, flight_report
@@ -115,6 +116,7 @@ class Segment:
         if self._native is not None:
             self.core = self._native.Core(self.mem, self.n, self.rank, capacity, self.head, CHUNK,
                                           0, runtime.OVERSUBSCRIBED)
+            self.core.programs(*native.programs(self.n, self.rank))  # its reduction orders
             self.core.serve = self.serve  # now and then while the core sleeps
 
     def serve(self) -> None:
@@ -170,6 +172,8 @@ class Segment:
                     blocks[j] = data[j]
         if FENCE:
             self.win.Sync()
+        if traffic.ACTIVE:
+            traffic.sent(call, data.nbytes if send else 0)
         mine = self._mine + word
         ctl[mine] = fp
         ctl[mine + 1] = count
@@ -219,7 +223,18 @@ class Segment:
     def native(self, call: Call, method: Any, *args: Any) -> Any:
         """``method(*args, deadline)`` of the core, its two errors told as fcoll's: a
         disagreement (`fcoll.calls.errors.CollectiveMismatchError`, every rank) and a missed deadline
-        (`fcoll.calls.errors.CollectiveTimeoutError`)."""
+        (`fcoll.calls.errors.CollectiveTimeoutError`). Under `fcoll.debug.traffic` the steps it
+        took count as messages, its array argument's bytes as sent."""
+        if traffic.ACTIVE:  # the steps this call takes, and the bytes of its array argument
+            before = self.core.step
+            try:
+                return self._native_call(call, method, *args)
+            finally:
+                sent = next((a.nbytes for a in args if isinstance(a, np.ndarray)), 0)
+                traffic.sent(call, sent, int(self.core.step - before))
+        return self._native_call(call, method, *args)
+
+    def _native_call(self, call: Call, method: Any, *args: Any) -> Any:
         seconds = call.seconds
         try:
             return method(*args, -1.0 if seconds is None else call.start + seconds)

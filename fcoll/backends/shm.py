@@ -3,19 +3,18 @@
 For a group whose ranks all run on one node, an all_reduce goes through the group's
 `fcoll.backends.segment.Segment` in steps of at most ``CHUNK`` bytes per rank: each rank
 copies its step's bytes into its slot and announces it (one flag), waits for every other
-rank's flag, then folds the slots in group-rank order, ``((s0 op s1) op s2) ...``, straight
-into its new result, reading its own piece from its input rather than its slot
-(`reduce_scatter_block`: each step carries the next piece of every block but the rank's
-own, and each rank folds its own block's pieces). Per byte of an all_reduce each rank
-moves: the copy in (read the input, write the slot), the fold (read its input and ``n - 1``
-slots, write the result): ``n + 3`` bytes, where MPI's reduce-scatter + all-gather moves
-and synchronises more (see docs/performance.md, "Shared-memory transport"). The steps keep
+rank's flag, then folds the slots along the canonical tree of the group's size
+(`fcoll.backends.tree.order`, the MPI schedules' bits) straight into its new result,
+reading its own piece from its input rather than its slot (`reduce_scatter_block`: each
+step carries the next piece of every block but the rank's own; each folds its block's).
+Per byte of an all_reduce each rank moves: the copy in (read the input, write the slot),
+the fold (read its input and ``n - 1`` slots, write the result): ``n + 3`` bytes, where
+MPI's reduce-scatter + all-gather moves and synchronises more (docs/performance.md). The steps keep
 a chunk's slots in cache between the copy and the fold. A call that fits one step can
 come from the default group's fast path (`allreduce_step`, `reduce_scatter_step`).
 
-The fold is the same elementwise ufunc loop as `fcoll.collectives._fold.fold`, so results
-are bit-identical to the MPI path's for every dtype and op (integer and bitwise ops are
-exact in any order; floats are folded in rank order there too).
+The fold is the tree's program run with the op's ufunc, so results are bit-identical to the
+MPI path's for every dtype and op (integer and bitwise ops are exact in any order).
 
 Settings, read once per process (again after `fcoll.init`): ``FCOLL_SHM`` ``auto`` (default:
 on where it measured faster, messages of at least `MIN_BYTES` per op), ``1`` (every size,
@@ -34,6 +33,7 @@ import numpy as np
 from fcoll import runtime
 from fcoll.backends import native
 from fcoll.backends.segment import CHUNK, Segment
+from fcoll.backends.tree.order import allreduce_program, execute
 from fcoll.calls import fingerprint
 from fcoll.calls.work import Call, wait_request
 from fcoll.diagnostics.board import NODE_ENV as NODE_ENV
@@ -133,7 +133,7 @@ def attach(call: Call) -> Segment | None:
 
 def allreduce(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int,
               out: np.ndarray | None = None) -> np.ndarray:
-    """Every rank's C-contiguous ``send`` reduced with ``ufunc`` in group-rank order, in a
+    """Every rank's C-contiguous ``send`` reduced with ``ufunc`` along the tree, in a
     new array of its shape and dtype, or into ``out`` (C-contiguous, the same shape and
     dtype; it may be ``send`` itself). ``fp`` is the call's fingerprint (`fcoll.calls.fingerprint`):
     every rank announces it with its element count, and ranks that differ raise
@@ -222,7 +222,7 @@ def allreduce_step(seg: Segment, call: Call, x: np.ndarray, ufunc: np.ufunc, fp:
 
 def reduce_scatter_block(call: Call, send: np.ndarray, ufunc: np.ufunc, fp: int) -> np.ndarray:
     """Block ``rank`` of ``n`` along axis 0 of every rank's C-contiguous ``send``, reduced
-    with ``ufunc`` in group-rank order. Each step moves the next piece of every block, so
+    with ``ufunc`` along the tree. Each step moves the next piece of every block, so
     every rank folds its own block at every step.
 
     Example:
@@ -392,9 +392,9 @@ def _step(call: Call, seg: Segment, data: np.ndarray, fp: int, count: int, send:
 def fold(rows: list[np.ndarray], me: int, mine: np.ndarray, out: np.ndarray, ufunc: np.ufunc
          ) -> None:
     """Fold ``rows`` (one per rank, ``me``'s replaced by ``mine``, the same values in this
-    rank's own memory) into ``out`` with ``ufunc``, in rank order:
-    ``((r0 op r1) op r2) ...``. Reading ``mine`` spares this rank the slot its peers are
+    rank's own memory) into ``out`` with ``ufunc`` along the canonical tree of ``len(rows)``
+    (`fcoll.backends.tree.order`). Reading ``mine`` spares this rank the slot its peers are
     reading: about 30 % of a 1 MiB call at n = 2 here."""
-    ufunc(mine if me == 0 else rows[0], mine if me == 1 else rows[1], out=out)
-    for j in range(2, len(rows)):
-        ufunc(out, mine if j == me else rows[j], out=out)
+    operands = list(rows)
+    operands[me] = mine
+    execute(allreduce_program(len(rows)), operands, out, ufunc)

@@ -1,20 +1,19 @@
 """Prefix reductions carried out (`fcoll.scan`, `fcoll.exscan`): rank r's inclusive prefix
-(ranks 0..r) or exclusive prefix (ranks 0..r-1), and on request the total, every element
-folded in group-rank order, ``((x0 op x1) op x2) ...``, whatever the transport and size:
+(ranks 0..r) or exclusive prefix (ranks 0..r-1), and on request the total. Floats follow
+the scan order of the group's size (`fcoll.backends.tree.order`: recursive doubling over
+the canonical tree's leaves), whatever the transport and size; the last rank's prefix and
+the total are the all-reduce's bits:
 
 - MPI's ``Scan``/``Exscan`` where MPI's own op is exact in any order (integers, bool, and a
   sum or product on two ranks: `fcoll.policy.plan`); the total by ``Allreduce``;
-- else fcoll's fold. Up to `fcoll.collectives._fold.GATHER_LIMIT` bytes per rank every
-  rank all-gathers every input and folds rows 0..r. Above it the data is cut into ``n``
-  blocks: an all-to-all gives rank r block r of every rank, rank r folds the ``n``
-  prefixes of that block and a second all-to-all hands prefix k's block to rank k (the
-  total's blocks are all-gathered): ``2 (n - 1) / n`` of the bytes per rank each way, as
-  a reduce-scatter and all-gather move;
+- else fcoll's recursive-doubling scan (`fcoll.backends.tree.scan`): ``lg p + 2`` steps of
+  the whole message, the total coming with it;
 - on one node, where the compiled core runs (`fcoll.backends.native`), through the group's
-  segment: one step per MiB per rank (``Core.scan``; the total is a second step, as an
-  all_reduce), in the all_reduce's size window (`fcoll.dispatch.on_node`).
+  segment: one step per MiB per rank (``Core.scan``, the scan order's program; the total is
+  a second step, as an all_reduce), in the all_reduce's size window (`fcoll.dispatch.on_node`).
 
-``async_op=True`` all-gathers (or posts ``Iscan``/``Iexscan``) and folds when it completes.
+``async_op=True`` posts ``Iscan``/``Iexscan`` (exact ops without the total) or runs the tree
+scan in flight.
 """
 
 from __future__ import annotations
@@ -25,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from fcoll.backends import mpi as backend
-from fcoll.backends import native, shm
+from fcoll.backends import native, shm, tree
 from fcoll.calls.fingerprint import kind_bits
 from fcoll.calls.work import Call, Work
-from fcoll.collectives._fold import GATHER_LIMIT, blocks, native_kernel
+from fcoll.collectives._fold import native_kernel
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.dispatch import on_node
 from fcoll.groups.group import Group
@@ -36,25 +35,6 @@ from fcoll.policy.plan import ReductionPlan
 
 Pair = tuple[np.ndarray | None, np.ndarray | None]  # (prefix, total)
 
-
-def running(rows: np.ndarray, ufunc: np.ufunc, upto: int, total: bool) -> Pair:
-    """``rows[0] op ... op rows[upto - 1]`` (None when ``upto`` is 0) and, with ``total``,
-    the fold of every row: new arrays, never one object twice.
-
-    Example:
-        >>> running(np.array([[1], [2], [3]]), np.add, 2, True)
-        (array([3]), array([6]))
-    """
-    last = len(rows) if total else upto
-    if last == 0:
-        return None, None
-    prefix, acc = None, rows[0].copy()
-    for k in range(1, last + 1):  # acc holds rows 0..k-1
-        if k == upto:
-            prefix = acc.copy() if total else acc
-        if k < last:
-            ufunc(acc, rows[k], out=acc)
-    return prefix, acc if total else None
 
 
 def segment(call: Call, plan: ReductionPlan, nbytes: int) -> native.Kernel | None:
@@ -77,14 +57,7 @@ def run(call: Call, plan: ReductionPlan, x: np.ndarray, exclusive: bool, total: 
         got = backend.scan(call, wire, plan.op, exclusive)
         whole = plan.finish(backend.allreduce(call, wire, plan.op)) if total else None
         return (None if exclusive and me == 0 else plan.finish(got)), whole
-    flat = wire.reshape(-1)
-    if call.group.size == 1 or flat.nbytes <= GATHER_LIMIT:
-        n = call.group.size
-        rows = flat[None] if n == 1 else backend.allgather(call, flat, np.empty((n, flat.size),
-                                                                                 flat.dtype))
-        pair = running(rows, plan.ufunc, me if exclusive else me + 1, total)
-    else:
-        pair = _blocks(call, flat, plan.ufunc, exclusive, total)
+    pair = tree.scan(call, wire.reshape(-1), plan.ufunc, exclusive, total)
     return _finished(plan, pair, wire.shape)
 
 
@@ -93,31 +66,6 @@ def _finished(plan: ReductionPlan, pair: Pair, shape: tuple[int, ...]) -> Pair:
     return (None if prefix is None else plan.finish(prefix.reshape(shape)),
             None if whole is None else plan.finish(whole.reshape(shape)))
 
-
-def _blocks(call: Call, flat: np.ndarray, ufunc: np.ufunc, exclusive: bool, total: bool) -> Pair:
-    """The large-message fold (module docstring): two all-to-alls (and an all-gather)."""
-    n, me, size = call.group.size, call.group.rank, flat.itemsize
-    counts = blocks(flat.size, n)
-    recv = np.empty((n, counts[me]), flat.dtype)  # row j: block ``me`` of rank j
-    if counts.count(counts[0]) == n:
-        backend.alltoall(call, flat, recv)
-    else:
-        backend.alltoallv(call, flat, [c * size for c in counts], recv, [counts[me] * size] * n)
-    shift = 1 if exclusive else 0
-    send = np.empty((n, counts[me]), flat.dtype)  # row k: block ``me`` of rank k's prefix
-    acc = recv[0].copy()
-    for k in range(n):  # acc holds rows 0..k
-        if k + shift < n:
-            send[k + shift] = acc
-        if k + 1 < n:
-            ufunc(acc, recv[k + 1], out=acc)
-    mine = [0 if exclusive and k == 0 else counts[me] * size for k in range(n)]
-    theirs = [0 if exclusive and me == 0 else c * size for c in counts]
-    out = np.empty(sum(theirs) // size, flat.dtype)
-    backend.alltoallv(call, send[shift:], mine, out, theirs)
-    whole = backend.allgatherv(call, acc, np.empty(flat.size, flat.dtype),
-                               [c * size for c in counts]) if total else None
-    return (None if exclusive and me == 0 else out), whole
 
 
 def _segment(call: Call, plan: ReductionPlan, x: np.ndarray, kernel: native.Kernel,
@@ -149,9 +97,7 @@ def start(call: Call, g: Group, plan: ReductionPlan, x: np.ndarray, exclusive: b
         request = backend.iscan(call, wire, out, plan.op, exclusive)
         return launch(fn, g, request, lambda: done(
             None if exclusive and me == 0 else plan.finish(out), None), wire, out)
-    flat = wire.reshape(-1)
-    rows = np.empty((g.size, flat.size), flat.dtype)
-    request = backend.iallgather(call, flat, rows)
-    ufunc = plan.fold_ufunc  # MPI's exact result where MPI's op would reduce
-    return launch(fn, g, request, lambda: done(*_finished(
-        plan, running(rows, ufunc, me if exclusive else me + 1, total), wire.shape)), flat, rows)
+    shape = wire.shape
+    # plan.fold_ufunc: MPI's exact result where MPI's op would reduce (its total along)
+    return Work(tree.start(fn, call, "scan", lambda pair: done(*_finished(plan, pair, shape)),
+                           wire.reshape(-1), plan.fold_ufunc, exclusive, total))

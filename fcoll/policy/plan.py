@@ -139,6 +139,17 @@ def _mpi_plan(op: object, dtype: np.dtype[Any], n: int, fn: str) -> ReductionPla
                          folds, fingerprint.of("all_reduce", op_name(resolved), dtype))
 
 
+def plan_for(op: object, dtype: Any, n: int, fn: str) -> ReductionPlan:
+    """The MPI plan for reducing ``dtype`` with ``op`` over ``n`` ranks, without a group
+    (`fcoll.testing.reference_reduce`); the documented errors for a bad dtype or op.
+
+    Example:
+        >>> plan_for("avg", "float16", 4, "f").wire_dtype
+        dtype('float32')
+    """
+    return _mpi_plan(op, np.dtype(dtype), n, fn)
+
+
 def reduction_plan(x: np.ndarray, op: object, group: Any, fn: str) -> ReductionPlan:
     """The MPI plan for reducing ``x`` with ``op`` over the members of ``group``.
 

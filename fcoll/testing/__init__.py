@@ -16,6 +16,8 @@ read like one run (details in ``docs/testing.md``):
   each is in; the job then ends with ``MPI_Abort``, since a rank blocked in MPI cannot be
   interrupted. A ``fcoll.CollectiveTimeoutError`` (with ``fcoll.init(timeout=...)``) is an
   ordinary failure instead, after which the session stops cleanly.
+- `reference_reduce` and `reference_scan` compute on one process what fcoll's reductions
+  and scans return, bit for bit, from the list of every rank's input (the canonical tree).
 - `parallel_raises` and `parallel_assert` check a condition across ranks and pass or fail
   on every rank together, so one rank's exception does not leave the others waiting.
 - Hypothesis draws the same examples on every rank: one seed, chosen by rank 0, and a
@@ -56,10 +58,11 @@ from fcoll.testing.asserts import RaisesInfo, parallel_assert, parallel_raises
 from fcoll.testing.fixtures import SESSION as _KEY
 from fcoll.testing.fixtures import _fcoll_nprocs, mpi_file_name, mpi_tmp_path, mpi_tmpdir
 from fcoll.testing.pytest_mpi import pytest_addhooks
+from fcoll.testing.reference import reference_reduce, reference_scan
 
 # The fixtures and pytest_addhooks are found here by pytest, as attributes of the plugin.
 __all__ = ["RaisesInfo", "_fcoll_nprocs", "mpi_file_name", "mpi_tmp_path", "mpi_tmpdir", "parallel_assert",
-           "parallel_raises", "pytest_addhooks"]
+           "parallel_raises", "pytest_addhooks", "reference_reduce", "reference_scan"]
 
 DEFAULT_TIMEOUT = 240.0
 TIMEOUT_ENV = "FCOLL_TEST_TIMEOUT"
