@@ -133,11 +133,15 @@ def bitrev(v: int, bits: int) -> int:
     return int(format(v, f"0{bits}b")[::-1], 2) if bits else 0
 
 
+def doubling_limit(p: int, limit: int) -> int:
+    """`fcoll.backends.tree.doubling_limit` for ``DOUBLING_LIMIT = limit``: ``limit`` from 9
+    leaves up, 16 times it below (the traffic jobs check this against fcoll's own)."""
+    return limit if split(p)[0] > 8 else limit << 4
+
+
 def uses_doubling(count: int, itemsize: int, p: int, limit: int) -> bool:
-    """fcoll's choice (`fcoll.backends.tree._allreduce`, `doubling_limit`: ``limit`` from
-    9 leaves up, 16 times it below)."""
-    q = split(p)[0]
-    return count * itemsize <= (limit if q > 8 else limit << 4) or count < q
+    """fcoll's choice (`fcoll.backends.tree._allreduce`)."""
+    return count * itemsize <= doubling_limit(p, limit) or count < split(p)[0]
 
 
 def expected(p: int, count: int, itemsize: int, limit: int) -> list[tuple[int, int]]:
@@ -456,6 +460,7 @@ def worker_traffic(sizes: list[int]) -> None:
         assert everyone is not None
         for i, size in enumerate(sizes):
             _emit("traffic", p=p, bytes=size, limit=tree.DOUBLING_LIMIT,
+                  limit_p=tree.doubling_limit(p) if hasattr(tree, "doubling_limit") else tree.DOUBLING_LIMIT,
                   ranks=[r[i] for r in everyone])
 
 
@@ -584,8 +589,9 @@ def run_traffic(args: argparse.Namespace, m: dict[str, Any]) -> bool:
             want = expected(p, r["bytes"] // 4, 4, r["limit"])
             got = [(x["messages"], x["sent"]) for x in r["ranks"]]
             match = got == want and all(x["ok"] and x["calls"] == 1 for x in r["ranks"])
+            match &= r["limit_p"] == doubling_limit(p, r["limit"])  # this file's mirror of fcoll's rule
             good &= match
-            rows.append({"p": p, "bytes": r["bytes"], "limit": r["limit"],
+            rows.append({"p": p, "bytes": r["bytes"], "limit": r["limit_p"],
                          "alg": "MPI_Allreduce" if p <= 2 else
                          "doubling" if uses_doubling(r["bytes"] // 4, 4, p, r["limit"]) else "halving",
                          "max_messages": max(g[0] for g in got), "want_max_messages": max(w[0] for w in want),
@@ -682,7 +688,8 @@ def report(m: dict[str, Any], model: list[dict[str, Any]]) -> str:
             c = crossover(rows)
             where = _size(c) if c else "never (in these sizes)"
             out += ["", f"crossover ({link}): halving faster from {where}; "
-                    f"shipped DOUBLING_LIMIT {_size(m['limit'])}", ""]
+                    f"fcoll's limit at p = 4: {_size(doubling_limit(4, m['limit']))} "
+                    f"(DOUBLING_LIMIT {_size(m['limit'])})", ""]
     if model:
         out += model_tables(model, m["limit"])
     return "\n".join(out)

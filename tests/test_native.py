@@ -503,7 +503,10 @@ def test_every_call_releases_the_gil_for_its_steps(kind):
     call()
     end = time.monotonic()
     thread.join()
-    assert got[0] - start < (end - start) / 2, \
+    # Holding the GIL, the core would let the thread run only at the call's end; under the
+    # suite's load (another shard on the second core) it may start well into the call
+    # (6.8 ms into 11.6 ms seen in CI for a broadcast), so the margin is 10 %, not half.
+    assert got[0] - start < 0.9 * (end - start), \
         f"the other thread ran {got[0] - start:.4f} s into a call of {end - start:.4f} s"
 
 

@@ -51,7 +51,7 @@ def test_a_pass_leaves_out_only_the_tests_that_override_its_setting():
                           env=jobs.environment())  # a pytest of its own, not a rank of this job
     assert done.returncode == 0, done.stdout + done.stderr
     ids = [line for line in done.stdout.splitlines() if "::" in line]
-    own = [i for i in ids if "::test_rank_order_at_every_size_and_transport[" in i]
+    own = [i for i in ids if "::test_scan_order_at_every_size_and_transport[" in i]
     assert own and all("-via-numpy-" in i for i in own), own[:3]
     for name in ("via-mpi", "via-segment", "via-numpy"):  # a test without its own switch
         assert any(i.startswith("tests/test_scan.py::test_every_dtype_and_op[") and name in i
