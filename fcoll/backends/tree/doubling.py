@@ -72,21 +72,27 @@ def reduce(link: Link, x: np.ndarray, ufunc: np.ufunc, me: int, p: int, root: in
     ``<= 3 n`` (on the folding leaves: the result, a receive buffer; ``root``'s copy).
     """
     q, m = split(p)
-    first = rank_of(p, 0)  # leaf 0's rank: it ends with the result
     cur: np.ndarray | None = None
     if me < 2 * m and me % 2 == 0:
         yield [link.send(x, me + 1)]
     else:
         cur = yield from _binomial(link, x, ufunc, me, p, q, m)
+    return (yield from deliver(link, cur if cur is not x else x.copy(), x, me, p, root))
+
+
+def deliver(link: Link, whole: np.ndarray | None, x: np.ndarray, me: int, p: int, root: int
+            ) -> Schedule[np.ndarray | None]:
+    """The result to ``root``: leaf 0's rank holds it (``whole``) and sends it there unless
+    it is ``root``; ``root`` returns it (a new array like ``x``), every other rank None."""
+    first = rank_of(p, 0)
     if me == first and root != first:
-        assert cur is not None
-        yield [link.send(cur, root)]
+        assert whole is not None
+        yield [link.send(whole, root)]
         return None
     if me != root:
         return None
     if root == first:
-        assert cur is not None
-        return cur if cur is not x else x.copy()
+        return whole
     out = np.empty_like(x)
     yield [link.recv(out, first)]
     return out

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fcoll.backends.tree.doubling import rank_of
+from fcoll.backends.tree.doubling import deliver, rank_of
 from fcoll.backends.tree.order import leaf_of, split
 from fcoll.backends.tree.steps import Link, Schedule, combine
 
@@ -130,7 +130,6 @@ def reduce(link: Link, x: np.ndarray, ufunc: np.ufunc, me: int, p: int, root: in
     """The tree's reduction on ``root`` (None elsewhere): `halve`, then the blocks gathered
     to leaf 0 along a binomial tree (distances q/2, ..., 1), which sends it to ``root``."""
     q, m = split(p)
-    first = rank_of(p, 0)
     acc: np.ndarray | None = None
     if me < 2 * m and me % 2 == 0:
         yield [link.send(x, me + 1)]
@@ -142,17 +141,7 @@ def reduce(link: Link, x: np.ndarray, ufunc: np.ufunc, me: int, p: int, root: in
         del tmp
         if not (yield from _gather(link, acc, offs, v, p, block)):
             acc = None
-    if me == first and root != first:
-        assert acc is not None
-        yield [link.send(acc, root)]
-        return None
-    if me != root:
-        return None
-    if root == first:
-        return acc
-    out = np.empty_like(x)
-    yield [link.recv(out, first)]
-    return out
+    return (yield from deliver(link, acc, x, me, p, root))
 
 
 def _gather(link: Link, acc: np.ndarray, offs: Sequence[int], v: int, p: int, block: int
