@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from fcoll.backends import mpi as backend
-from fcoll.backends import native, tree
+from fcoll.backends import native, nodes, tree
 from fcoll.calls.fingerprint import kind_bits
 from fcoll.calls.work import Call
-from fcoll.dispatch import on_node
+from fcoll.dispatch import across_nodes, on_node
 from fcoll.policy.ops import ReduceOp
 from fcoll.policy.plan import ReductionPlan
 
@@ -47,6 +47,14 @@ def _native(call: Call, plan: ReductionPlan) -> native.Kernel | None:
     return _kernel(plan) if seg and seg.core is not None else None
 
 
+def _raw_kernel(h: nodes.Hierarchy, plan: ReductionPlan) -> native.Kernel | None:
+    """The core's fold of ``plan``'s wire data without division or scaling, where ``h``'s
+    segments step in C (the hierarchy finishes once, at the end)."""
+    if h.node.shm.core is None:
+        return None
+    return native.kernel(plan.wire_dtype, plan.fold_ufunc, False, None)
+
+
 def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray, out: np.ndarray | None = None
               ) -> np.ndarray:
     """Every rank's ``x`` (the call's data in its own dtype, any layout) reduced, finished (the
@@ -63,6 +71,10 @@ def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray, out: np.ndarray | 
         return _put(out, plan.finish(shared.allreduce(call, plan.wire(x), plan.fold_ufunc, plan.fp,
                                                       into)))
     wire = plan.wire(x)
+    if (h := across_nodes(call)) is not None:
+        y = nodes.allreduce(call, h, wire.reshape(-1), plan.fold_ufunc, plan.ufunc, plan.op,
+                            _raw_kernel(h, plan), plan.fp)
+        return _put(out, plan.finish(y).reshape(wire.shape))
     if plan.ufunc is None:
         return _put(out, plan.finish(backend.allreduce(call, wire, plan.op,
                                                        out if plan.simple else None)))

@@ -21,7 +21,7 @@ from typing import Any, cast
 import numpy as np
 
 from fcoll import runtime
-from fcoll.backends import Backend, shm
+from fcoll.backends import Backend, nodes, shm
 from fcoll.backends import mpi as host
 from fcoll.dispatch import interop
 from fcoll.dispatch.gpu_settings import ENV, TRANSPORTS, aware, forget, mpi_for_device, transport
@@ -114,6 +114,21 @@ def on_node(call: Any, nbytes: int, op: str = "all_reduce") -> Any:
     if not shm.limit(call.group, op) <= nbytes < shm.ceiling(op) or shm.segment(call) is None:
         return None
     return shm
+
+
+def across_nodes(call: Any) -> nodes.Hierarchy | None:
+    """The group's split into nodes (`fcoll.backends.nodes.Hierarchy`: shared memory inside
+    each node, MPI between them) when its ranks span nodes in a layout that allows one, else
+    None (one node, another layout, ``FCOLL_SHM=0``: the flat schedules). Collective at the
+    group's first such call.
+
+    Example:
+        >>> across_nodes(call).k               # 4 ranks on 2 nodes of 2, by block
+        2
+    """
+    if call.group.shm:  # a segment: the group is on one node
+        return None
+    return nodes.hierarchy(call)
 
 
 def device(x: object, group: Any = None) -> Backend | None:

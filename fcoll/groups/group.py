@@ -70,6 +70,9 @@ class Group:
         # The shared-memory segment (fcoll.backends.shm): None until the first call that
         # could use it, then the segment, or False when the group spans nodes.
         self.shm: Any = None
+        # Its split into nodes (fcoll.backends.nodes): None until the first call that could
+        # use it, then the Hierarchy, or False (one node, or a layout that does not allow one).
+        self.nodes: Any = None
 
     @property
     def rank(self) -> int:
@@ -214,7 +217,9 @@ class Group:
         if self._comm is not None and not self._destroyed:
             if self.shm and self.broken is None:  # freeing is collective: not after a timeout
                 self.shm.free()
-            self.shm = False
+            if self.nodes and self.broken is None:
+                self.nodes.free()
+            self.shm = self.nodes = False
             if self.side_comm is not None:
                 self.side_comm.Free()
             self._comm.Free()
