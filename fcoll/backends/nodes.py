@@ -28,6 +28,8 @@ inside nodes through the segment, between nodes on ``k`` ranks.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -36,10 +38,14 @@ from fcoll import runtime
 from fcoll.backends import mpi as backend
 from fcoll.backends import native, shm, tree
 from fcoll.backends.segment import Segment
-from fcoll.calls.work import Call, wait_request
+from fcoll.calls.work import Call, Operation, wait_request
 from fcoll.diagnostics.board import split_node
 
 NAME = "nodes"
+# Per-rank bytes of a pipelined piece of a large all-reduce, and pieces in flight
+# (bench/nodes.py).
+PIPELINE = 1 << 20
+DEPTH = 1
 # Per-rank bytes up to which an all-reduce takes the redundant schedule (module docstring).
 REDUNDANT = 16 << 10
 
@@ -153,11 +159,44 @@ def allreduce(call: Call, h: Hierarchy, x: np.ndarray, fold: np.ufunc, ufunc: np
     m = h.m
     b = -(-x.size // m)
     data = x if x.size == b * m else np.resize(x, b * m)  # repeats x's own lanes: same ops
-    part = _node_reduce_scatter(node, data, fold, kernel, fp)
-    part = _cross_allreduce(cross, part, ufunc, op)
     out = np.empty(b * m, x.dtype)
-    shm.allgather(node, part, out, fp)
+    piece = max(m, PIPELINE // x.itemsize // m * m)  # elements of a piece, a multiple of m
+    if ufunc is None or data.size <= piece:
+        part = _node_reduce_scatter(node, data, fold, kernel, fp)
+        shm.allgather(node, _cross_allreduce(cross, part, ufunc, op), out, fp)
+    else:
+        _pipelined(node, cross, data, out, piece, fold, ufunc, kernel, fp)
     return out if out.size == x.size else out[: x.size]
+
+
+def _pipelined(node: Call, cross: Call, data: np.ndarray, out: np.ndarray, piece: int,
+               fold: np.ufunc, ufunc: np.ufunc, kernel: native.Kernel | None, fp: int) -> None:
+    """The multi-leader all-reduce of ``data`` into ``out`` in pieces of ``piece`` elements:
+    piece ``c + 1``'s reduce-scatter in the segment while piece ``c``'s slices cross the
+    network (`DEPTH` pieces in flight, each with its own tag), every node rank in the same
+    order."""
+    flight: deque[tuple[int, int, Operation]] = deque()
+    for number, start in enumerate(range(0, data.size, piece)):
+        chunk = data[start : start + piece]
+        part = _node_reduce_scatter(node, chunk, fold, kernel, fp)
+        op = tree.start("all_reduce", cross, "allreduce", _same, part, ufunc, seq=number)
+        flight.append((start, chunk.size, op))
+        if len(flight) > DEPTH:
+            _gather(node, cross, flight.popleft(), out, fp)
+    while flight:
+        _gather(node, cross, flight.popleft(), out, fp)
+
+
+def _same(y: np.ndarray) -> np.ndarray:
+    return y
+
+
+def _gather(node: Call, cross: Call, done: tuple[int, int, Operation], out: np.ndarray, fp: int
+            ) -> None:
+    """Wait for a piece's slices to cross, then gather them into ``out`` in the segment."""
+    start, size, op = done
+    left = None if cross.seconds is None else cross.seconds - (time.monotonic() - cross.start)
+    shm.allgather(node, op.finish(left), out[start : start + size], fp)
 
 
 def _node_allreduce(node: Call, x: np.ndarray, fold: np.ufunc, kernel: native.Kernel | None,

@@ -29,6 +29,7 @@ from fcoll.calls import fingerprint as _fingerprint
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import fast_eligible as eligible
 from fcoll.collectives import _fast_native as _native
+from fcoll.collectives import _fast_nodes as _nodes
 from fcoll.diagnostics import flight
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def learn_reduction(table: dict[Any, Fast], key: Any, g: Group, plan: Any, share
                                kernel) if shared <= 0 else None
         core = _native.call(g, "all_reduce", "allreduce", *kernel, plan.fp, -1.0, swap=swap)
         mpi = all_reduce(g, mpi_op) if mpi_op is not None else None
-        table[key] = _native.all_reduce(g, shared, core, mpi)
+        table[key] = _native.all_reduce(g, shared, core, mpi, _nodes.all_reduce(g, plan))
 
 
 def segment_call(g: Any, recorder: flight.Recorder, name: str, step: Callable[..., np.ndarray],

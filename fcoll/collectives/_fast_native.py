@@ -55,15 +55,20 @@ def swapper(table: dict[Any, Fast], key: Any, g: Any, kind: str, name: str, fp: 
     return swap
 
 
-def all_reduce(g: Any, shared: float, core: Fast, mpi: Fast | None) -> Fast:
+def all_reduce(g: Any, shared: float, core: Fast, mpi: Fast | None, spanning: Fast | None
+               ) -> Fast:
     """all_reduce through the core (``core``: a `call`) from ``shared`` bytes on a group
-    whose segment is made; below, and on a group that spans nodes, ``mpi`` (the MPI fast
-    path where MPI's op reduces), else the full path."""
+    whose segment is made; on a group that spans nodes ``spanning``
+    (`fcoll.collectives._fast_nodes`) where it serves; else ``mpi`` (the MPI fast path where
+    MPI's op reduces), else the full path."""
 
     def run(x: np.ndarray) -> np.ndarray | None:
         if not x.flags.c_contiguous:
             return None
-        if x.nbytes >= shared and g.shm is not False:  # False: the group spans nodes
+        if g.shm is False:  # the group spans nodes
+            if spanning is not None and (y := spanning(x)) is not None:
+                return y
+        elif x.nbytes >= shared:
             return core(x)
         return None if mpi is None else mpi(x)
 

@@ -55,10 +55,11 @@ def doubling_limit(p: int) -> int:
     return DOUBLING_LIMIT if split(p)[0] > 8 else DOUBLING_LIMIT << 4
 
 
-def _start(call: Call, eager: bool = True) -> tuple[Link, int, int]:
+def _start(call: Call, eager: bool = True, seq: int | None = None) -> tuple[Link, int, int]:
     call.begin()
     g = call.group
-    return Link(call, g.seq, eager and call.seconds is None and not g.pending), g.rank, g.size
+    tagged = g.seq if seq is None else seq
+    return Link(call, tagged, eager and call.seconds is None and not g.pending), g.rank, g.size
 
 
 def _allreduce(link: Link, x: np.ndarray, ufunc: np.ufunc, me: int, p: int) -> Schedule[Any]:
@@ -101,11 +102,13 @@ def scan(call: Call, x: np.ndarray, ufunc: np.ufunc, exclusive: bool, total: boo
 
 
 def start(name: str, call: Call, kind: str, finish: Callable[[Any], Any], x: np.ndarray,
-          ufunc: np.ufunc, *args: Any) -> Scheduled:
+          ufunc: np.ufunc, *args: Any, seq: int | None = None) -> Scheduled:
     """``async_op=True``: schedule ``kind`` (``allreduce``, ``reduce`` with ``root``,
     ``reduce_scatter`` with ``counts``, ``scan`` with ``exclusive, total``) in flight as an
-    operation whose value is ``finish(result)``."""
-    link, me, p = _start(call, eager=False)
+    operation whose value is ``finish(result)``. ``seq``: the number its messages' tag comes
+    from, where not the group's call number (pieces of one call in flight together,
+    `fcoll.backends.nodes`)."""
+    link, me, p = _start(call, eager=False, seq=seq)
     if kind == "allreduce":
         schedule = _allreduce(link, x, ufunc, me, p)
     elif kind == "reduce":
