@@ -1,7 +1,7 @@
 """Every float reduction against the canonical tree, in one job (run by tests/test_tree.py at
 p = 4..8, oversubscribed, on each transport and node layout):
 
-    mpiexec -n P python tests/tree_job.py [--oracle] [--traffic]
+    mpiexec -n P python tests/tree_job.py [--oracle] [--traffic] [--nodes K] [--pipeline B]
 
 Each rank derives every rank's input and checks, bit for bit, that ``all_reduce`` (blocking,
 async, coalesced), ``reduce`` (to the last rank), ``reduce_scatter_tensor``, ``reduce_scatter``
@@ -11,7 +11,10 @@ and a ufunc, at sizes on both sides of the doubling/halving switch (and the segm
 ``--oracle``: MPI's own ``MPI_Allreduce`` (run with MPICH's recursive-doubling or
 reduce-scatter-allgather algorithm) equals it too. ``--traffic``: on the MPI path, an
 all_reduce sends at most ``2 ceil(lg p) + 2`` messages, within its schedule's bytes, and
-allocates at most ``3 n`` bytes (tracemalloc). Prints ``ok`` per rank; any failure raises.
+allocates at most ``3 n`` bytes (tracemalloc). ``--nodes K``: the world group split into K
+nodes (`fcoll.backends.nodes`; 0: no split, the flat schedules), checked at the end;
+``--pipeline B``: large hierarchical all-reduces in pieces of B bytes per rank. Prints ``ok``
+per rank; any failure raises.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 import fcoll as fc
+from fcoll.backends import nodes
 from fcoll.backends.tree import doubling_limit
 from fcoll.testing import reference_reduce, reference_scan
 
@@ -109,6 +113,8 @@ def traffic() -> None:
 
 
 def main() -> None:
+    if "--pipeline" in sys.argv:
+        nodes.PIPELINE = int(sys.argv[sys.argv.index("--pipeline") + 1])
     salt = 0
     for shape in SIZES:
         for dtype in DTYPES:
@@ -123,6 +129,9 @@ def main() -> None:
         oracle()
     if "--traffic" in sys.argv:
         traffic()
+    if "--nodes" in sys.argv:
+        h, k = fc.world().nodes, int(sys.argv[sys.argv.index("--nodes") + 1])
+        assert (h.k if h else 0) == k, f"rank {R}: expected {k} nodes, the world has {h}"
     print(f"rank {R} of {P}: ok", flush=True)
 
 

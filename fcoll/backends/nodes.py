@@ -19,8 +19,8 @@ the canonical tree of the ``k`` nodes, so the schedules below give the flat sche
   ``2(k-1)/k * n/m`` bytes over the network instead of ``2(p-1)/p * n``.
 
 Other layouts (and ``m = 1``, ``m = p``) return None: the flat schedule runs. Messages
-between nodes go through `fcoll.backends.tree` (or MPI's op where the plan says order does
-not matter), on a communicator of the same-local-rank peers.
+between nodes go through `fcoll.backends.tree` on a communicator of the same-local-rank
+peers (reductions MPI's op carries out, integers, stay flat: any order gives their bits).
 
 Movement follows the same split (`allgather`, `broadcast`, `barrier`, `reduce_scatter`):
 inside nodes through the segment, between nodes on ``k`` ranks.
@@ -48,6 +48,20 @@ PIPELINE = 1 << 20
 DEPTH = 1
 # Per-rank bytes up to which an all-reduce takes the redundant schedule (module docstring).
 REDUNDANT = 16 << 10
+# Per-rank bytes from which each collective goes through the hierarchy, where it measured
+# faster than the flat schedule or MPI's own algorithm on the simulated cluster (bench/nodes.py).
+FROM = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 1 << 20, "broadcast": 64 << 10,
+        "barrier": 0}
+
+
+def serves(h: Hierarchy | None, op: str, nbytes: int) -> bool:
+    """Whether ``op`` of ``nbytes`` per rank goes through the hierarchy ``h`` (`FROM`).
+
+    Example:
+        >>> serves(h, "all_gather", 8), serves(h, "barrier", 0)
+        (False, True)
+    """
+    return h is not None and nbytes >= FROM[op]
 
 
 class Level:
@@ -84,7 +98,7 @@ class Level:
     def enter(self, call: Call) -> Call:
         """This level's call for the group's ``call`` in progress (its name, deadline and
         flight record; already counted)."""
-        sub = self.call
+        sub: Call = self.call
         sub.fn, sub.seconds, sub.start, sub.slot = call.fn, call.seconds, call.start, call.slot
         return sub
 
@@ -140,37 +154,36 @@ def _build(call: Call) -> Hierarchy | None:
     return Hierarchy(g, node, comm.Split(i, r))
 
 
-def allreduce(call: Call, h: Hierarchy, x: np.ndarray, fold: np.ufunc, ufunc: np.ufunc | None,
-              op: Any, kernel: native.Kernel | None, fp: int) -> np.ndarray:
-    """Every rank's flat C-contiguous ``x`` reduced, a new flat array: inside nodes folded
-    with ``fold`` (by the core's ``kernel`` where it runs: no division, no scaling), across
-    them by the tree with ``ufunc``, or MPI's ``op`` where ``ufunc`` is None. ``fp``: the
-    call's fingerprint, announced in the segment.
+def allreduce(call: Call, h: Hierarchy, x: np.ndarray, ufunc: np.ufunc,
+              kernel: native.Kernel | None, fp: int) -> np.ndarray:
+    """Every rank's flat C-contiguous ``x`` reduced with ``ufunc`` along the tree, a new flat
+    array: inside nodes by the core's ``kernel`` where it runs (no division, no scaling),
+    across them by `fcoll.backends.tree`. ``fp``: the call's fingerprint, announced in the
+    segment.
 
     Example:
-        >>> allreduce(call, h, np.array([r + 1.0]), np.add, np.add, None, None, fp)  # 2 x 2
+        >>> allreduce(call, h, np.array([r + 1.0]), np.add, None, fp)  # rank r, 2 x 2
         array([10.])
     """
     call.begin()
     node, cross = h.node.enter(call), h.cross.enter(call)
     if x.nbytes <= REDUNDANT:
-        mine = _node_allreduce(node, x, fold, kernel, fp)
-        return _cross_allreduce(cross, mine, ufunc, op)
+        return tree.allreduce(cross, _node_allreduce(node, x, ufunc, kernel, fp), ufunc)
     m = h.m
     b = -(-x.size // m)
     data = x if x.size == b * m else np.resize(x, b * m)  # repeats x's own lanes: same ops
     out = np.empty(b * m, x.dtype)
     piece = max(m, PIPELINE // x.itemsize // m * m)  # elements of a piece, a multiple of m
-    if ufunc is None or data.size <= piece:
-        part = _node_reduce_scatter(node, data, fold, kernel, fp)
-        shm.allgather(node, _cross_allreduce(cross, part, ufunc, op), out, fp)
+    if data.size <= piece:
+        part = _node_reduce_scatter(node, data, ufunc, kernel, fp)
+        shm.allgather(node, tree.allreduce(cross, part, ufunc), out, fp)
     else:
-        _pipelined(node, cross, data, out, piece, fold, ufunc, kernel, fp)
+        _pipelined(node, cross, data, out, piece, ufunc, kernel, fp)
     return out if out.size == x.size else out[: x.size]
 
 
 def _pipelined(node: Call, cross: Call, data: np.ndarray, out: np.ndarray, piece: int,
-               fold: np.ufunc, ufunc: np.ufunc, kernel: native.Kernel | None, fp: int) -> None:
+               ufunc: np.ufunc, kernel: native.Kernel | None, fp: int) -> None:
     """The multi-leader all-reduce of ``data`` into ``out`` in pieces of ``piece`` elements:
     piece ``c + 1``'s reduce-scatter in the segment while piece ``c``'s slices cross the
     network (`DEPTH` pieces in flight, each with its own tag), every node rank in the same
@@ -178,7 +191,7 @@ def _pipelined(node: Call, cross: Call, data: np.ndarray, out: np.ndarray, piece
     flight: deque[tuple[int, int, Operation]] = deque()
     for number, start in enumerate(range(0, data.size, piece)):
         chunk = data[start : start + piece]
-        part = _node_reduce_scatter(node, chunk, fold, kernel, fp)
+        part = _node_reduce_scatter(node, chunk, ufunc, kernel, fp)
         op = tree.start("all_reduce", cross, "allreduce", _same, part, ufunc, seq=number)
         flight.append((start, chunk.size, op))
         if len(flight) > DEPTH:
@@ -213,7 +226,74 @@ def _node_reduce_scatter(node: Call, x: np.ndarray, fold: np.ufunc,
     return shm.reduce_scatter_block(node, x, fold, fp)
 
 
-def _cross_allreduce(cross: Call, x: np.ndarray, ufunc: np.ufunc | None, op: Any) -> np.ndarray:
-    if ufunc is None:
-        return backend.allreduce(cross, x, op)
-    return tree.allreduce(cross, x, ufunc)
+def reduce_scatter(call: Call, h: Hierarchy, x: np.ndarray, ufunc: np.ufunc,
+                   kernel: native.Kernel | None, fp: int) -> np.ndarray:
+    """Block ``rank`` of ``p`` equal blocks of every rank's flat C-contiguous ``x``, reduced
+    with ``ufunc`` (`allreduce`'s arguments): the blocks of this local rank's peers on every node gathered
+    (``x`` as ``(k, m, b)`` read as ``(m, k, b)``: one copy), reduced inside the node by a
+    reduce-scatter through the segment (local rank ``i`` gets the node's sums of blocks
+    ``j*m + i``), then a reduce-scatter across the nodes (``k`` ranks).
+
+    Example:
+        >>> reduce_scatter(call, h, np.arange(4.0), np.add, None, fp)   # every rank, 2 x 2
+        array([0.])                                        # group rank 1: [4.], ...: [12.]
+    """
+    call.begin()
+    node, cross = h.node.enter(call), h.cross.enter(call)
+    k, m = h.k, h.m
+    b = x.size // (k * m)
+    data = np.ascontiguousarray(x.reshape(k, m, b).transpose(1, 0, 2)).reshape(-1)
+    part = _node_reduce_scatter(node, data, ufunc, kernel, fp)
+    return tree.reduce_scatter(cross, part, [b] * k, ufunc)
+
+
+def allgather(call: Call, h: Hierarchy, send: np.ndarray, out: np.ndarray, fp: int
+              ) -> np.ndarray:
+    """Every rank's C-contiguous ``send`` in group-rank order, into ``out`` (C-contiguous,
+    ``p`` times ``send``'s bytes): this rank's block gathered with its same-local-rank
+    peers across the nodes (``k`` ranks, ``(k-1) * b`` bytes received over the network, where
+    a flat all-gather receives ``(p-1) * b``), then those through the segment, then one copy
+    into group order.
+
+    Example:
+        >>> allgather(call, h, np.array([r]), np.empty(4, int), fp)   # rank r, 2 x 2
+        array([0, 1, 2, 3])
+    """
+    call.begin()
+    node, cross = h.node.enter(call), h.cross.enter(call)
+    k, m = h.k, h.m
+    mine = np.empty(k * send.nbytes, np.uint8)
+    backend.allgather(cross, send.reshape(-1).view(np.uint8), mine)
+    every = np.empty(m * mine.size, np.uint8)
+    shm.allgather(node, mine, every, fp)
+    np.copyto(out.reshape(-1).view(np.uint8).reshape(k, m, -1),
+              every.reshape(m, k, -1).transpose(1, 0, 2))
+    return out
+
+
+def broadcast(call: Call, h: Hierarchy, x: np.ndarray, root: int, fp: int) -> np.ndarray:
+    """Group rank ``root``'s ``x`` (any layout) in a new C-contiguous array on every rank:
+    across the nodes among the root's local rank (MPI's broadcast on ``k`` ranks), then
+    inside every node through the segment.
+
+    Example:
+        >>> broadcast(call, h, np.array([r]), 3, fp)     # rank r, 2 x 2
+        array([3])
+    """
+    call.begin()
+    node, cross = h.node.enter(call), h.cross.enter(call)
+    top, leader = divmod(root, h.m)
+    if h.node.rank != leader:
+        return shm.broadcast(node, x, leader, fp)  # x: only its shape and dtype
+    buf = np.array(x, order="C", copy=True) if h.cross.rank == top else np.empty(x.shape, x.dtype)
+    backend.bcast(cross, buf.reshape(-1).view(np.uint8), top)
+    return shm.broadcast(node, buf, leader, fp)
+
+
+def barrier(call: Call, h: Hierarchy) -> None:
+    """Every rank of the group arrived: every rank of this node (a step of the segment),
+    then every node's rank of this local rank (MPI's barrier on ``k`` ranks), which had
+    each seen its own node arrive."""
+    call.begin()
+    shm.barrier(h.node.enter(call))
+    backend.barrier(h.cross.enter(call))

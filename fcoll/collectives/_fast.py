@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fcoll import runtime
+from fcoll.backends.nodes import FROM as across
 from fcoll.calls import fingerprint as _fingerprint
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import fast_eligible as eligible
@@ -228,6 +229,8 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
             if core is not None:
                 return core(x)  # type: ignore[no-any-return]
             return segment_call(g, recorder, "all_gather_into_tensor", step, x, fp)
+        if g.nodes and x.nbytes >= across["all_gather"]:
+            return None  # the full path goes through the nodes' segments
         g.seq += 1
         out = empty((shape[0] * n, *shape[1:]), x.dtype)
         if calls is None:
@@ -289,8 +292,8 @@ def broadcast(g: Any, byte: Any, root: int, shared: tuple[float, float] = (INF, 
             if core is not None:  # the root's x C-contiguous: the core reads it as it is
                 return core(x) if not is_root or x.flags.c_contiguous else None
             return segment_call(g, recorder, "broadcast", step, x, root, fp)
-        if x.nbytes >= pipeline:
-            return None  # the full path pipelines large broadcasts
+        if x.nbytes >= pipeline or (g.nodes and x.nbytes >= across["broadcast"]):
+            return None  # the full path pipelines large broadcasts, or uses the nodes' segments
         g.seq += 1
         buf = x.copy() if is_root else empty(x.shape, x.dtype)  # copy(): C order
         if calls is None:

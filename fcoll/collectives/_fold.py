@@ -49,7 +49,7 @@ def _native(call: Call, plan: ReductionPlan) -> native.Kernel | None:
 
 def _raw_kernel(h: nodes.Hierarchy, plan: ReductionPlan) -> native.Kernel | None:
     """The core's fold of ``plan``'s wire data without division or scaling, where ``h``'s
-    segments step in C (the hierarchy finishes once, at the end)."""
+    segment steps in C (the hierarchy finishes once, at the end)."""
     if h.node.shm.core is None:
         return None
     return native.kernel(plan.wire_dtype, plan.fold_ufunc, False, None)
@@ -71,15 +71,14 @@ def allreduce(call: Call, plan: ReductionPlan, x: np.ndarray, out: np.ndarray | 
         return _put(out, plan.finish(shared.allreduce(call, plan.wire(x), plan.fold_ufunc, plan.fp,
                                                       into)))
     wire = plan.wire(x)
-    if (h := across_nodes(call)) is not None:
-        y = nodes.allreduce(call, h, wire.reshape(-1), plan.fold_ufunc, plan.ufunc, plan.op,
-                            _raw_kernel(h, plan), plan.fp)
-        return _put(out, plan.finish(y).reshape(wire.shape))
     if plan.ufunc is None:
         return _put(out, plan.finish(backend.allreduce(call, wire, plan.op,
                                                        out if plan.simple else None)))
-    return _put(out, plan.finish(tree.allreduce(call, wire.reshape(-1), plan.ufunc)
-                                 ).reshape(wire.shape))
+    if (h := across_nodes(call)) is not None:
+        y = nodes.allreduce(call, h, wire.reshape(-1), plan.ufunc, _raw_kernel(h, plan), plan.fp)
+    else:
+        y = tree.allreduce(call, wire.reshape(-1), plan.ufunc)
+    return _put(out, plan.finish(y).reshape(wire.shape))
 
 
 def _put(out: np.ndarray | None, y: np.ndarray) -> np.ndarray:
@@ -114,6 +113,10 @@ def reduce_scatter(call: Call, plan: ReductionPlan, x: np.ndarray, counts: Seque
                                                        plan.fold_ufunc, fp))
     wire = plan.wire(x).reshape(-1)
     if plan.ufunc is not None:
+        if counts.count(counts[0]) == len(counts) and \
+                (h := across_nodes(call, "reduce_scatter", x.nbytes)) is not None:
+            return plan.finish(nodes.reduce_scatter(call, h, wire, plan.ufunc,
+                                                    _raw_kernel(h, plan), plan.fp | REDUCE_SCATTER))
         return plan.finish(tree.reduce_scatter(call, wire, counts, plan.ufunc))
     if len(set(counts)) == 1:
         return plan.finish(backend.reduce_scatter_block(call, wire, plan.op))

@@ -20,13 +20,13 @@ from typing import Literal, overload
 import numpy as np
 
 from fcoll.backends import mpi as backend
-from fcoll.backends import native
+from fcoll.backends import native, nodes
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import Call, Work, complete_pending
 from fcoll.collectives import _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
-from fcoll.dispatch import device, on_node, shm_range
+from fcoll.dispatch import across_nodes, device, on_node, shm_range
 from fcoll.gpu import fast as gpu_fast
 from fcoll.gpu import route
 from fcoll.groups import detail
@@ -88,6 +88,8 @@ def broadcast(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     if not async_op and (shared := on_node(call, x.nbytes, "broadcast")) is not None:
         fp = fingerprint("broadcast", "", x.dtype, root)
         return shared.broadcast(call, x, root, fp)  # type: ignore[no-any-return]
+    if not async_op and (h := across_nodes(call, "broadcast", x.nbytes)) is not None:
+        return nodes.broadcast(call, h, x, root, fingerprint("broadcast", "", x.dtype, root))
     if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
         return backend.bcast_copy(call, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
@@ -111,6 +113,8 @@ def barrier(group: GroupArg = None) -> None:
     complete_pending(call)
     if native.running() and (shared := on_node(call, 0, "barrier")) is not None:
         shared.barrier(call)  # one step of the group's segment: a long wait sleeps there
+    elif (h := across_nodes(call, "barrier")) is not None:
+        nodes.barrier(call, h)  # a step of the node's segment, then MPI's on k ranks
     else:
         backend.barrier(call)
 
@@ -230,6 +234,9 @@ def allgather(call: Call, send: np.ndarray, out: np.ndarray) -> np.ndarray:
     if (shared := on_node(call, send.nbytes, "all_gather")) is not None:
         fp = fingerprint("all_gather_into_tensor", "", send.dtype)
         return shared.allgather(call, send, out, fp)  # type: ignore[no-any-return]
+    if (h := across_nodes(call, "all_gather", send.nbytes)) is not None:
+        return nodes.allgather(call, h, send, out, fingerprint("all_gather_into_tensor", "",
+                                                                send.dtype))
     return backend.allgather(call, send, out)
 
 

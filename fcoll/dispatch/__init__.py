@@ -116,9 +116,10 @@ def on_node(call: Any, nbytes: int, op: str = "all_reduce") -> Any:
     return shm
 
 
-def across_nodes(call: Any) -> nodes.Hierarchy | None:
+def across_nodes(call: Any, op: str = "all_reduce", nbytes: int = 0) -> nodes.Hierarchy | None:
     """The group's split into nodes (`fcoll.backends.nodes.Hierarchy`: shared memory inside
-    each node, MPI between them) when its ranks span nodes in a layout that allows one, else
+    each node, MPI between them) when its ranks span nodes in a layout that allows one and
+    ``op`` of ``nbytes`` per rank is faster through it (`fcoll.backends.nodes.FROM`), else
     None (one node, another layout, ``FCOLL_SHM=0``: the flat schedules). Collective at the
     group's first such call.
 
@@ -126,7 +127,7 @@ def across_nodes(call: Any) -> nodes.Hierarchy | None:
         >>> across_nodes(call).k               # 4 ranks on 2 nodes of 2, by block
         2
     """
-    if call.group.shm:  # a segment: the group is on one node
+    if call.group.shm or nbytes < nodes.FROM[op]:  # a segment: the group is on one node
         return None
     return nodes.hierarchy(call)
 
