@@ -75,6 +75,22 @@ def collectives(g: Any, label: str) -> None:
            f"scatter {label}")
 
 
+def mixed_paths() -> None:
+    """Odd ranks pass strided arrays (the full path), even ranks contiguous ones (the fast
+    path once learned): the messages still match, the bits are the tree's."""
+    from fcoll.testing import reference_reduce
+
+    for count in (1000, 70_000, 200_000):
+        xs = [np.random.default_rng([count, j]).standard_normal(count).astype(np.float32)
+              for j in range(P)]
+        x = xs[R] if R % 2 == 0 else np.repeat(xs[R], 2)[::2]
+        for _ in range(2):
+            expect(fc.all_reduce(x), reference_reduce(xs), f"mixed all_reduce {count}")
+            blocks = np.concatenate([xs[R]] * P)
+            y = blocks if R % 2 == 0 else np.repeat(blocks, 2)[::2]
+            expect(fc.reduce_scatter_tensor(y), reference_reduce(xs), f"mixed reduce_scatter {count}")
+
+
 def sent_across(g: Any, x: np.ndarray) -> tuple[int, int, int]:
     """(messages, bytes) this rank sent between nodes in one all_reduce of ``x``, and the
     bytes it allocated (tracemalloc's peak)."""
@@ -124,6 +140,7 @@ def main() -> None:
     assert (h.k if h else 0) == K, f"rank {R}: expected {K} nodes, the world has {h}"
     if h:
         scaling(world)
+        mixed_paths()
         m = h.m
         firsts = [j * m + i for j in range(h.k) for i in range(m // 2)]  # half of each node
         sub = fc.new_group(firsts)

@@ -44,7 +44,7 @@ from fcoll.diagnostics.board import split_node
 NAME = "nodes"
 # Per-rank bytes of a pipelined piece of a large all-reduce, and pieces in flight
 # (bench/nodes.py).
-PIPELINE = 1 << 20
+PIPELINE = 4 << 20
 DEPTH = 1
 # Per-rank bytes up to which an all-reduce takes the redundant schedule (module docstring).
 REDUNDANT = 16 << 10

@@ -101,7 +101,8 @@ def learn_reduction(table: dict[Any, Fast], key: Any, g: Group, plan: Any, share
                                plan.fp | RS, kernel) if shared <= 0 else None
         core = _native.call(g, "reduce_scatter_tensor", "reduce_scatter", *kernel, plan.fp | RS, -1.0,
                             swap=swap)
-        table[key] = reduce_scatter(g, mpi_op, shared, native=core)
+        table[key] = reduce_scatter(g, mpi_op, shared, native=core,
+                                    spanning=_nodes.reduce_scatter(g, plan, plan.fp | RS))
     else:
         swap = _native.swapper(table, key, g, "reduce", "all_reduce", plan.fp,
                                kernel) if shared <= 0 else None
@@ -170,10 +171,12 @@ def all_reduce(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, fp: 
 
 
 def reduce_scatter(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, fp: int = 0,
-                   native: Fast | None = None) -> Fast:
+                   native: Fast | None = None, spanning: Fast | None = None) -> Fast:
     """MPI's reduce_scatter below ``shared`` bytes (where MPI's op reduces: ``mpi_op``, else
     the full path); from there on-node shared memory in one step once the group's segment
-    exists and holds the message (``native``: through the compiled core), else the full path."""
+    exists and holds the message (``native``: through the compiled core), else the full path.
+    On a group that spans nodes: ``spanning`` (`fcoll.collectives._fast_nodes`) where it
+    serves."""
     comm, empty, n = g._comm, np.empty, g.size
     calls, ends, pos, mask, ranks, clock = recorder = flight.recorder(g.key)
     from fcoll.backends.shm import reduce_scatter_step as step
@@ -186,6 +189,8 @@ def reduce_scatter(g: Any, mpi_op: Any, shared: float = INF, ufunc: Any = None, 
             if native is not None:
                 return native(x)
             return segment_call(g, recorder, "reduce_scatter_tensor", step, x, ufunc, fp)
+        if g.shm is False and spanning is not None and (y := spanning(x)) is not None:
+            return y
         if mpi_op is None:
             return None
         g.seq += 1

@@ -7,8 +7,10 @@ the node's subtree by the core in one C call (`REDUNDANT` bytes and below: every
 gets it whole; above: a reduce-scatter, then the slices), recursive doubling across the
 nodes with ``Sendrecv`` on the same-local-rank communicator (lower operand on the left: the
 canonical tree of ``k``), then (above `REDUNDANT`) the core's all-gather. Same steps, same
-bits as `fcoll.backends.nodes.allreduce`; the full path's set-up (member, checks, plan,
-hierarchy lookup, the tree's driver) cost about 40 us of a 60 us call at 8 B here.
+messages and bits as `fcoll.backends.nodes.allreduce` (a rank on the full path meets the
+others on it: where the tree would not take recursive doubling, the full path runs). The
+full path's set-up (member, checks, plan, hierarchy lookup, the tree's driver) cost about
+40 us of a 60 us call at 8 B here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from fcoll.backends import native, nodes
 from fcoll.backends.native import module
+from fcoll.backends.tree import doubling_limit
 from fcoll.backends.tree.steps import BYTE, combine, tag
 from fcoll.calls import fingerprint
 from fcoll.diagnostics import flight
@@ -56,9 +59,10 @@ def all_reduce(g: Any, plan: Any) -> Fast | None:
         if flat.ndim != 1:
             flat = flat.reshape(-1)
         whole = flat.nbytes <= nodes.REDUNDANT
+        part = flat.nbytes if whole else flat.nbytes // h.m
         if core is None or k & (k - 1) or flat.nbytes > seg.capacity or (
-                not whole and flat.size % h.m):
-            return None
+                not whole and flat.size % h.m) or part > doubling_limit(k):
+            return None  # the full path (whose tree would not take recursive doubling)
         g.seq += 1
         i = pos[0]
         if calls is not None:
@@ -111,3 +115,63 @@ def _doubling(comm: Any, me: int, k: int, y: np.ndarray, ufunc: np.ufunc, label:
         else:
             combine(ufunc, y, other, y)
         d <<= 1
+
+
+def reduce_scatter(g: Any, plan: Any, fp: int) -> Fast | None:
+    """A closure for ``g``'s reduce_scatter_tensor of ``plan`` on two nodes (``fp``: the
+    call's fingerprint as the full path announces it): the peers' blocks side by side (one
+    copy), the node's sums of them by the core's reduce-scatter, then one exchange with the
+    other node and the fold, the lower node's value on the left (the canonical tree of two);
+    None where it does not serve the call.
+
+    Example:
+        >>> run = reduce_scatter(g, plan, fp)            # 2 nodes x 2 ranks, float32 sum
+        >>> run(np.ones(8, np.float32))
+        array([4., 4.], dtype=float32)
+    """
+    kernel = native.kernel(plan.wire_dtype, plan.fold_ufunc, False, None)
+    if kernel is None or plan.ufunc is None:
+        return None
+    ufunc, wire, finish = plan.ufunc, plan.wire, plan.finish
+    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
+    mismatch = module().Mismatch
+    p = g.size
+
+    def run(x: np.ndarray) -> np.ndarray | None:
+        h = g.nodes
+        shape = x.shape
+        if not h or h.k != 2 or not shape or shape[0] % p or not x.flags.c_contiguous or \
+                x.nbytes > LIMIT:
+            return None
+        seg = h.node.shm
+        core = seg.core
+        flat = wire(x).reshape(-1)
+        if core is None or flat.nbytes > seg.capacity:
+            return None
+        b = flat.size // p
+        peers = np.ascontiguousarray(flat.reshape(2, h.m, b).transpose(1, 0, 2)).reshape(-1)
+        g.seq += 1
+        i = pos[0]
+        if calls is not None:
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", "numpy", shape, x.dtype, clock())
+        try:
+            part = core.reduce_scatter(peers, *kernel, fp, -1.0)
+        except mismatch as error:
+            g.call.fn = "reduce_scatter_tensor"
+            raise fingerprint.mismatch("reduce_scatter_tensor", g.ranks,
+                                       seg.announced(error.args[0])) from None
+        j = h.cross.rank
+        other = np.empty(b, part.dtype)
+        label = tag(g.seq)
+        h.cross.comm.Sendrecv([part[(1 - j) * b : (2 - j) * b], BYTE], 1 - j, label,
+                              [other, BYTE], 1 - j, label)
+        mine = part[j * b : (j + 1) * b]
+        y = combine(ufunc, other, mine, other) if j else combine(ufunc, mine, other, other)
+        if calls is not None:
+            ends[i] = clock()
+        done: np.ndarray = finish(y)
+        return done.reshape((shape[0] // p, *shape[1:]))
+
+    return run
