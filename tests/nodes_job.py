@@ -138,9 +138,9 @@ def main() -> None:
     collectives(world, "world")
     h = world.nodes
     assert (h.k if h else 0) == K, f"rank {R}: expected {K} nodes, the world has {h}"
+    mixed_paths()
     if h:
         scaling(world)
-        mixed_paths()
         m = h.m
         firsts = [j * m + i for j in range(h.k) for i in range(m // 2)]  # half of each node
         sub = fc.new_group(firsts)
