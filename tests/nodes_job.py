@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import fcoll as fc
+from fcoll import runtime
 from fcoll.backends import nodes
 from fcoll.calls import traffic
 
@@ -141,6 +142,9 @@ def main() -> None:
     mixed_paths()
     if h:
         scaling(world)
+        nodes.FROM.update(dict.fromkeys(nodes.FROM, 0))  # every op through the split
+        runtime.changed()
+        collectives(world, "world, all split")
         m = h.m
         firsts = [j * m + i for j in range(h.k) for i in range(m // 2)]  # half of each node
         sub = fc.new_group(firsts)

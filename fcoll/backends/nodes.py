@@ -49,8 +49,13 @@ DEPTH = 1
 # Per-rank bytes up to which an all-reduce takes the redundant schedule (module docstring).
 REDUNDANT = 16 << 10
 # Per-rank bytes from which each collective goes through the hierarchy, where it measured
-# faster than the flat schedule or MPI's own algorithm on the simulated cluster (bench/nodes.py).
-FROM = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 1 << 20, "broadcast": 64 << 10,
+# faster than the flat schedule or MPI's own algorithm on the simulated cluster
+# (bench/nodes.py, docs/performance.md "Across nodes"): the reductions and the barrier (MPICH's
+# barrier over TCP took 0.9 ms, this one 0.1 ms) always. The multi-leader all-gather and
+# broadcast did not beat MPI's on 2 x 2 here (TCP on lo is a memory copy like the segment's,
+# so fewer network bytes buy nothing): NEVER, until a real cluster measures them.
+NEVER = 1 << 62
+FROM = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": NEVER, "broadcast": NEVER,
         "barrier": 0}
 
 

@@ -90,7 +90,8 @@ def broadcast(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
         return shared.broadcast(call, x, root, fp)  # type: ignore[no-any-return]
     if not async_op and (h := across_nodes(call, "broadcast", x.nbytes)) is not None:
         return nodes.broadcast(call, h, x, root, fingerprint("broadcast", "", x.dtype, root))
-    if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous:
+    if not async_op and x.nbytes >= backend.PIPELINE_BYTES and x.flags.c_contiguous and \
+            g.shm is not False:  # across nodes one Bcast measured faster (bench/nodes.py)
         return backend.bcast_copy(call, x, root)
     buf = np.array(x, order="C", copy=True) if g.rank == root else np.empty(x.shape, x.dtype)
     if async_op:
