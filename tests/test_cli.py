@@ -67,7 +67,9 @@ def test_info_json_parses():
     assert done.returncode == 0, done.stderr
     report_ = json.loads(done.stdout)
     assert set(report_) == {"versions", "mpi", "launcher", "start-up", "shared memory",
-                            "environment", "gpu"}
+                            "nodes", "environment", "gpu"}
+    assert report_["nodes"] == {"nodes": "1", "ranks per node": "1", "placement": "by block",
+                                "world group": "one rank"}
     assert report_["mpi"]["world size"] == "1"
     assert report_["mpi"]["thread level"].startswith("funneled")
     assert report_["mpi"]["oversubscribed"] == "no"

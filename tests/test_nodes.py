@@ -203,6 +203,22 @@ def test_the_simulation_says_when_it_cannot_use_tcp(tmp_path):
 
 
 @one_process
+@pytest.mark.skipif(jobs.open_mpi(), reason="MPICH's fake nodes")
+@pytest.mark.parametrize(("k", "m", "placement", "schedule"), [
+    (2, 2, "block", "split: 2 nodes x 2 ranks"), (4, 1, "block", "flat schedules (one rank per node)"),
+    (2, 2, "roundrobin", "flat schedules (ranks not placed by block)")])
+def test_info_shows_the_nodes_and_the_schedule(k, m, placement, schedule):
+    done = _simulate(k, m, [str(jobs.BIN / "python"), "-m", "fcoll", "info", "--json"],
+                     {"CLUSTER_SIM_PLACEMENT": placement})
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    found = json.loads(done.stdout[done.stdout.index("{"):])["nodes"]
+    assert found["nodes"] == str(k) and found["ranks per node"] == str(m), found
+    assert found["world group"].startswith(schedule), found
+
+
+@one_process
 def test_the_simulation_checks_its_arguments():
     done = subprocess.run(["bash", str(SIM), "2", "x", "--", "true"], capture_output=True,
                           text=True, timeout=30)

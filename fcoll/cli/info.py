@@ -156,6 +156,46 @@ def _shm_section() -> dict[str, str]:
             "step": native.describe()}
 
 
+def _nodes_section() -> dict[str, str]:
+    """The job's nodes, and the schedules the world group takes across them (collective)."""
+    import numpy as np
+
+    import fcoll as fc
+    from fcoll.backends import shm
+    from fcoll.diagnostics.board import split_node
+    from fcoll.runtime import mpi
+
+    MPI = mpi()
+    world = MPI.COMM_WORLD
+    node = split_node(world, shm.settings()[1])
+    m, i, r = node.Get_size(), node.Get_rank(), world.Get_rank()
+    block = int(node.allreduce(r, op=MPI.MIN) == r - i and (r - i) % m == 0)
+    node.Free()
+    facts = np.array([int(i == 0), m, -m, block], np.int64)
+    world.Allreduce(MPI.IN_PLACE, facts[:1], op=MPI.SUM)
+    world.Allreduce(MPI.IN_PLACE, facts[1:], op=MPI.MIN)
+    k, low, high, by_block = int(facts[0]), int(facts[1]), int(-facts[2]), bool(facts[3])
+    fc.barrier()  # the world group finds its segment or its split
+    g = fc.world()
+    if g.size == 1:
+        schedule = "one rank"
+    elif k == 1:
+        schedule = ("one node: MPI (FCOLL_SHM=0)" if shm.settings()[0] == "off"
+                    else "one node: the shared-memory segment")
+    elif g.nodes:
+        schedule = (f"split: {g.nodes.k} nodes x {g.nodes.m} ranks (the segment inside each node, "
+                    "the tree across: fcoll.backends.nodes)")
+    else:
+        why = ("FCOLL_SHM=0" if shm.settings()[0] == "off" else "one rank per node" if high == 1
+               else "ranks per node differ" if low != high
+               else "ranks per node not a power of two" if high & (high - 1)
+               else "ranks not placed by block")
+        schedule = f"flat schedules ({why})"
+    return {"nodes": str(k), "ranks per node": str(low) if low == high else f"{low}-{high}",
+            "placement": "by block" if by_block else "not by block (round-robin or mixed)",
+            "world group": schedule}
+
+
 def _knobs() -> dict[str, str]:
     names = sorted(set(KNOBS) | {k for k in os.environ if k.startswith("FCOLL_")})
     shown = {name: os.environ.get(name, "(unset)") for name in names}
@@ -180,6 +220,7 @@ def collect() -> Report:
     MPI = mpi()
     return {"versions": versions, "mpi": _mpi_section(), "launcher": _launcher_section(MPI),
             "start-up": _startup_section(MPI), "shared memory": _shm_section(),
+            "nodes": _nodes_section(),
             "environment": _knobs(), "gpu": _gpu_section()}
 
 
