@@ -128,6 +128,67 @@ def movement():
     runtime.changed()
 
 
+@pytest.fixture
+def raising():
+    """``FCOLL_ABORT_ON_ERROR=0``: a rank that finds the sizes differ raises instead of
+    ending the job (the default), so the test sees every rank's error."""
+    _set("0", "FCOLL_ABORT_ON_ERROR")
+    yield
+    _set(None, "FCOLL_ABORT_ON_ERROR")
+
+
+def _returning(g):
+    """``g`` with MPI's errors returned (what ``FCOLL_ABORT_ON_ERROR=0`` gives the
+    communicators fcoll makes) instead of fcoll's handler that ends the job at a truncated
+    message; the split's communicators inherit it."""
+    g.comm("test").Set_errhandler(runtime.mpi().ERRORS_RETURN)
+    return g
+
+
+@pytest.mark.parametrize("count", [4, 5000])
+def test_sizes_that_differ_between_nodes_raise_on_every_rank(pairs, raising, rank, count):
+    """Each node agrees inside, the nodes differ: the exchange across them finds it (one side
+    receives too little and raises; the other too much: MPI's truncation, which fcoll's
+    handler turns into the end of the job, here returned and raised), on the full path and
+    the fast path."""
+    g = _returning(fc.new_group())
+    try:
+        for _ in range(2):
+            with pytest.raises(fc.CollectiveMismatchError, match="different sizes"):
+                fc.all_reduce(np.ones(count + rank // 2, np.float32), group=g)
+            assert (fc.all_reduce(np.ones(count, np.float32), group=g) == 4).all()
+    finally:
+        g.destroy()
+
+
+def test_sizes_that_differ_raise_on_the_flat_tree(world_size, rank, raising):
+    """Without the segment (FCOLL_SHM=0) the tree's exchanges check what they receive,
+    blocking (no deadline: MPI's blocking calls) and polled (a deadline): the ranks whose
+    exchange brought another size raise. At an odd size a rank whose partner raised waits
+    until its deadline instead (by default the job would have ended)."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    _set("0", shm.ENV)
+    even = world_size % 2 == 0
+    groups = [_returning(fc.new_group(timeout=None if even else 3))]
+    if even:
+        groups.append(_returning(fc.new_group(timeout=30)))
+    try:
+        for g in groups:
+            with pytest.raises((fc.CollectiveMismatchError, fc.CollectiveTimeoutError)) as caught:
+                fc.all_reduce(np.ones(4 + rank % 2, np.float32), "max", group=g)
+            if even or caught.type is fc.CollectiveMismatchError:
+                assert caught.type is fc.CollectiveMismatchError
+                assert "different sizes" in str(caught.value)
+            if even:
+                assert (fc.all_reduce(np.ones(3, np.float32), "max", group=g) == 1).all()
+    finally:
+        _set(None, shm.ENV)
+        if even:  # at an odd size the communicator keeps the unmatched message: left alone
+            for g in groups:
+                g.destroy()
+
+
 @pytest.mark.parametrize("n", [1, 3000, 70001])
 def test_movement_through_the_split(pairs, movement, rank, n):
     """all_gather, broadcast and barrier through the split: the same bytes as MPI's."""
@@ -216,6 +277,23 @@ def test_info_shows_the_nodes_and_the_schedule(k, m, placement, schedule):
     found = json.loads(done.stdout[done.stdout.index("{"):])["nodes"]
     assert found["nodes"] == str(k) and found["ranks per node"] == str(m), found
     assert found["world group"].startswith(schedule), found
+
+
+@one_process
+@pytest.mark.skipif(jobs.open_mpi(), reason="MPICH's fake nodes")
+@pytest.mark.parametrize("count", [3, 5000])
+def test_sizes_that_differ_between_nodes_end_the_job(count):
+    """By default (FCOLL_ABORT_ON_ERROR on) nodes that disagree end the job, loudly, and no
+    rank goes on with a result."""
+    code = ("import numpy as np, fcoll as fc\n"
+            "r = fc.get_rank()\n"
+            f"for _ in range(2): y = fc.all_reduce(np.ones({count} + r // 2, np.float32))\n"
+            "print('RESULT-OUT', r, flush=True)\n")
+    done = _simulate(2, 2, [str(jobs.BIN / "python"), "-c", code], {}, limit=120)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert "different sizes" in out or "Message truncated" in out, out[-3000:]
+    assert "RESULT-OUT" not in out, out[-3000:]
 
 
 @one_process

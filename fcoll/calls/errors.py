@@ -51,6 +51,42 @@ class CollectiveMismatchError(ValueError):
     """
 
 
+def sizes_differ(fn: str, comm: Any, peer: int, got: int | None, want: int
+                 ) -> CollectiveMismatchError:
+    """The error of a rank whose point-to-point step of a collective received ``got`` bytes
+    (None: more than fit, MPI's truncation) from ``peer`` of ``comm`` where it expected
+    ``want``: the ranks passed different sizes. Its peer, receiving the other size, raises
+    it too.
+
+    Example:
+        >>> print(sizes_differ("all_reduce", comm, 1, 16, 20))
+        all_reduce: global rank 0 received 16 bytes from global rank 1 where it expected 20 ...
+    """
+    MPI = runtime.mpi()
+    me, them = MPI.Group.Translate_ranks(comm.Get_group(), [comm.Get_rank(), peer],
+                                         MPI.COMM_WORLD.Get_group())
+    amount = "more bytes than fit" if got is None else f"{got} bytes"
+    return CollectiveMismatchError(
+        f"{fn}: global rank {me} received {amount} from global rank {them} where it expected "
+        f"{want}: the ranks passed different sizes (debug=\"detail\" compares every rank's "
+        "call before anything is sent)")
+
+
+def sizes_differ_end(fn: str, comm: Any, peer: int, got: int | None, want: int
+                     ) -> CollectiveMismatchError:
+    """`sizes_differ`, or with ``FCOLL_ABORT_ON_ERROR`` on (the default) the end of the job
+    with its text, as fcoll's handler of MPI's own errors ends it at a truncated message
+    (`fcoll.diagnostics.mpi_errors`): the rank's peers are in the middle of the same
+    schedule and may wait for it, or have folded what it sent."""
+    error = sizes_differ(fn, comm, peer, got, want)
+    if runtime.ends_jobs():
+        rank = runtime.mpi().COMM_WORLD.Get_rank()
+        runtime.end_job(1, f"[rank {rank}] fcoll: {error}. Other ranks may wait for this one "
+                           "or have returned a wrong result: ending the job "
+                           "(FCOLL_ABORT_ON_ERROR=0 turns this off)")
+    return error
+
+
 def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeoutError:
     """Mark ``group`` unusable and build the error for a call that missed its deadline."""
     reason = (f"{fn} (call #{seq} on the group) did not complete within its "

@@ -24,8 +24,9 @@ import numpy as np
 from fcoll.backends import native, nodes
 from fcoll.backends.native import module
 from fcoll.backends.tree import doubling_limit
-from fcoll.backends.tree.steps import BYTE, combine, tag
+from fcoll.backends.tree.steps import BYTE, MPI, STATUS, combine, tag, truncated
 from fcoll.calls import fingerprint
+from fcoll.calls.errors import sizes_differ_end
 from fcoll.diagnostics import flight
 
 Fast = Callable[[np.ndarray], "np.ndarray | None"]
@@ -116,7 +117,7 @@ def all_reduce(g: Any, plan: Any) -> Fast | None:
 def _pair(comm: Any, me: int, y: np.ndarray, ufunc: np.ufunc, label: int) -> None:
     """`_doubling` on two nodes for a few floats: one exchange, numpy's fold."""
     other = np.empty_like(y)
-    comm.Sendrecv(y, 1 - me, label, other, 1 - me, label)
+    _sendrecv(comm, y, other, 1 - me, label)
     if me:
         ufunc(other, y, out=y)
     else:
@@ -130,7 +131,7 @@ def _doubling(comm: Any, me: int, k: int, y: np.ndarray, ufunc: np.ufunc, label:
     d = 1
     while d < k:
         peer = me ^ d
-        comm.Sendrecv([y, BYTE], peer, label, [other, BYTE], peer, label)
+        _sendrecv(comm, y, other, peer, label)
         if peer < me:
             combine(ufunc, other, y, y)
         else:
@@ -186,8 +187,8 @@ def reduce_scatter(g: Any, plan: Any, fp: int) -> Fast | None:
         j = h.cross.rank
         other = np.empty(b, part.dtype)
         label = tag(g.seq)
-        h.cross.comm.Sendrecv([part[(1 - j) * b : (2 - j) * b], BYTE], 1 - j, label,
-                              [other, BYTE], 1 - j, label)
+        _sendrecv(h.cross.comm, part[(1 - j) * b : (2 - j) * b], other, 1 - j, label,
+                  "reduce_scatter_tensor")
         mine = part[j * b : (j + 1) * b]
         y = combine(ufunc, other, mine, other) if j else combine(ufunc, mine, other, other)
         if calls is not None:
@@ -196,3 +197,16 @@ def reduce_scatter(g: Any, plan: Any, fp: int) -> Fast | None:
         return done.reshape((shape[0] // p, *shape[1:]))
 
     return run
+
+
+def _sendrecv(comm: Any, send: np.ndarray, recv: np.ndarray, peer: int, label: int,
+              fn: str = "all_reduce") -> None:
+    """One exchange with ``peer``; `fcoll.calls.errors.sizes_differ` if the peer's message
+    was not ``recv``'s size (the ranks passed different sizes)."""
+    try:
+        comm.Sendrecv([send, BYTE], peer, label, [recv, BYTE], peer, label, STATUS)
+    except MPI.Exception as error:
+        raise truncated(fn, comm, peer, recv.nbytes, error) from None
+    if STATUS.Get_count(BYTE) != recv.nbytes:
+        raise sizes_differ_end(fn, comm, peer, STATUS.Get_count(BYTE), recv.nbytes)
+

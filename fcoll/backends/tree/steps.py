@@ -30,7 +30,7 @@ import numpy as np
 from fcoll import runtime
 from fcoll.backends import native
 from fcoll.calls import traffic
-from fcoll.calls.errors import check_notices, timed_out
+from fcoll.calls.errors import check_notices, sizes_differ_end, timed_out
 from fcoll.calls.work import ABANDONED, Call, Operation, backoff
 from fcoll.diagnostics import flight, flight_report
 
@@ -80,18 +80,78 @@ class Link:
     def recv(self, buf: np.ndarray, peer: int) -> Any:
         """Post the receive into C-contiguous ``buf`` from group rank ``peer``."""
         if self.eager:
-            self.comm.Recv([buf, BYTE], peer, self.tag)
+            try:
+                self.comm.Recv([buf, BYTE], peer, self.tag, STATUS)
+            except MPI.Exception as error:
+                raise truncated(self.call.fn, self.comm, peer, buf.nbytes, error) from None
+            check_size(self.call, self.comm, peer, buf.nbytes)
             return None
-        return self.comm.Irecv([buf, BYTE], peer, self.tag)
+        request = self.comm.Irecv([buf, BYTE], peer, self.tag)
+        EXPECTED[id(request)] = (self.call.fn, self.comm, peer, buf.nbytes, request)
+        return request
 
     def exchange(self, send: np.ndarray, recv: np.ndarray, peer: int) -> Requests:
         """Post both ways with ``peer``: receive first (MPI matches it as the send arrives)."""
         if self.eager:
             if traffic.ACTIVE:
                 traffic.sent(self.call, send.nbytes)
-            self.comm.Sendrecv([send, BYTE], peer, self.tag, [recv, BYTE], peer, self.tag)
+            try:
+                self.comm.Sendrecv([send, BYTE], peer, self.tag, [recv, BYTE], peer, self.tag,
+                                   STATUS)
+            except MPI.Exception as error:
+                raise truncated(self.call.fn, self.comm, peer, recv.nbytes, error) from None
+            check_size(self.call, self.comm, peer, recv.nbytes)
             return []
         return [self.recv(recv, peer), self.send(send, peer)]
+
+
+STATUS = MPI.Status()  # of the last blocking receive (one thread calls MPI: serialized)
+# What each posted receive expects, by id of its request (held here, so the id stays its
+# own until the receive completes): (fn, comm, peer, bytes, request); see `checked`.
+EXPECTED: dict[int, tuple[str, Any, int, int, Any]] = {}
+_STATUSES: list[Any] = []
+
+
+def checked(requests: Requests, test: bool = False) -> bool:
+    """``Waitall`` (``test``: ``Testall``) on ``requests``, then every receive among them
+    checked against the bytes it expected: `fcoll.calls.errors.sizes_differ` where a peer
+    sent another size (more than fit: MPI's truncation). Whether they completed."""
+    while len(_STATUSES) < len(requests):
+        _STATUSES.append(MPI.Status())
+    statuses = _STATUSES[: len(requests)]
+    try:
+        if test:
+            if not MPI.Request.Testall(requests, statuses):
+                return False
+        else:
+            MPI.Request.Waitall(requests, statuses)
+    except MPI.Exception:
+        wants = [EXPECTED.pop(id(request), None) for request in requests]
+        for want, status in zip(wants, statuses, strict=True):
+            if want is not None and MPI.Get_error_class(status.Get_error()) == MPI.ERR_TRUNCATE:
+                raise sizes_differ_end(want[0], want[1], want[2], None, want[3]) from None
+        raise
+    wants = [EXPECTED.pop(id(request), None) for request in requests]
+    for want, status in zip(wants, statuses, strict=True):
+        if want is not None and status.Get_count(BYTE) != want[3]:
+            raise sizes_differ_end(want[0], want[1], want[2], status.Get_count(BYTE), want[3])
+    return True
+
+
+def check_size(call: Call, comm: Any, peer: int, want: int) -> None:
+    """`fcoll.calls.errors.sizes_differ` unless the last blocking receive (`STATUS`) brought
+    ``want`` bytes: ranks that passed different sizes raise instead of folding garbage."""
+    got = STATUS.Get_count(BYTE)
+    if got != want:
+        raise sizes_differ_end(call.fn, comm, peer, got, want)
+
+
+def truncated(fn: str, comm: Any, peer: int, want: int, error: Any) -> Exception:
+    """MPI's truncation error (the peer sent more than ``want`` bytes) as
+    `fcoll.calls.errors.sizes_differ`; any other MPI error as it is."""
+    if error.Get_error_class() == MPI.ERR_TRUNCATE:
+        return sizes_differ_end(fn, comm, peer, None, want)
+    return error  # type: ignore[no-any-return]
 
 
 _COMBINE: dict[tuple[Any, np.ufunc], Callable[..., Any] | None] = {}
@@ -145,11 +205,11 @@ def complete(call: Call, requests: Requests) -> None:
     if not requests or requests[0] is None:  # an eager link's: done
         return
     if call.seconds is None and not call.group.pending:
-        MPI.Request.Waitall(requests)
+        checked(requests)
         return
     seconds = call.seconds if call.seconds is not None else float("inf")
     pause, started = 1e-5, time.monotonic()
-    while not MPI.Request.Testall(requests):
+    while not checked(requests, test=True):
         if time.monotonic() - call.start > seconds:
             flight.fail(call.slot)
             ABANDONED.extend(requests)  # they hold buffers MPI may still touch
@@ -184,12 +244,12 @@ class Scheduled(Operation):
 
     def _advance(self) -> bool:
         while not self._over:
-            if not MPI.Request.Testall(self._requests):
+            if not checked(self._requests, test=True):
                 return False
             self._requests = self._step()
         return True
 
     def _block(self) -> None:
         while not self._over:
-            MPI.Request.Waitall(self._requests)
+            checked(self._requests)
             self._requests = self._step()
