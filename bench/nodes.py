@@ -159,8 +159,9 @@ def worker_tune() -> None:
 
     import fcoll as fc
     from fcoll.backends import nodes
-    from mpi4py import MPI
+    from fcoll.runtime import mpi
 
+    MPI = mpi()
     world = MPI.COMM_WORLD
 
     def timed(fn: Any, iters: int) -> float:

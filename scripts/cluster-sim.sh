@@ -40,7 +40,13 @@ block=1
 export MPIR_CVAR_NUM_CLIQUES=$nodes MPIR_CVAR_CLIQUES_BY_BLOCK=$block
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-600}
 launcher=${MPIEXEC:-mpiexec}
-cmd=$(printf '%q ' "$launcher" -n "$n" "$@")
+bind=()
+# More ranks than cores: MPICH's Hydra binds each to a core (as scripts/env.sh does), which
+# keeps a waiting rank from wandering onto the core of a working one.
+if [ "$n" -gt "$(nproc)" ] && "$launcher" --version 2>/dev/null | grep -q HYDRA; then
+  bind=(-bind-to core)
+fi
+cmd=$(printf '%q ' "$launcher" ${bind[@]+"${bind[@]}"} -n "$n" "$@")
 
 if command -v unshare >/dev/null && unshare -n true 2>/dev/null; then
   export MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp FI_TCP_IFACE=lo

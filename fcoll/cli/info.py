@@ -157,10 +157,11 @@ def _shm_section() -> dict[str, str]:
 
 
 def _nodes_section() -> dict[str, str]:
-    """The job's nodes, and the schedules the world group takes across them (collective)."""
+    """The job's nodes, and the schedules the world group takes across them (collective over
+    MPI's world; the rule of `fcoll.backends.nodes.hierarchy`, without starting fcoll's
+    world, so that it also reports a job whose launcher does not match)."""
     import numpy as np
 
-    import fcoll as fc
     from fcoll.backends import shm
     from fcoll.diagnostics.board import split_node
     from fcoll.runtime import mpi
@@ -175,18 +176,16 @@ def _nodes_section() -> dict[str, str]:
     world.Allreduce(MPI.IN_PLACE, facts[:1], op=MPI.SUM)
     world.Allreduce(MPI.IN_PLACE, facts[1:], op=MPI.MIN)
     k, low, high, by_block = int(facts[0]), int(facts[1]), int(-facts[2]), bool(facts[3])
-    fc.barrier()  # the world group finds its segment or its split
-    g = fc.world()
-    if g.size == 1:
+    size, off = world.Get_size(), shm.settings()[0] == "off"
+    if size == 1:
         schedule = "one rank"
     elif k == 1:
-        schedule = ("one node: MPI (FCOLL_SHM=0)" if shm.settings()[0] == "off"
-                    else "one node: the shared-memory segment")
-    elif g.nodes:
-        schedule = (f"split: {g.nodes.k} nodes x {g.nodes.m} ranks (the segment inside each node, "
-                    "the tree across: fcoll.backends.nodes)")
+        schedule = "one node: MPI (FCOLL_SHM=0)" if off else "one node: the shared-memory segment"
+    elif not off and low == high and high > 1 and not high & (high - 1) and by_block:
+        schedule = (f"split: {k} nodes x {high} ranks (the segment inside each node, the tree "
+                    "across: fcoll.backends.nodes)")
     else:
-        why = ("FCOLL_SHM=0" if shm.settings()[0] == "off" else "one rank per node" if high == 1
+        why = ("FCOLL_SHM=0" if off else "one rank per node" if high == 1
                else "ranks per node differ" if low != high
                else "ranks per node not a power of two" if high & (high - 1)
                else "ranks not placed by block")
