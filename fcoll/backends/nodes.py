@@ -139,6 +139,29 @@ def hierarchy(call: Call) -> Hierarchy | None:
     return g.nodes or None
 
 
+def splittable(m: int, p: int) -> bool:
+    """Whether ``m`` ranks on every node of a ``p``-rank group allow a split: a power of two,
+    at least 2, and more than one node.
+
+    Example:
+        >>> splittable(2, 4), splittable(3, 6), splittable(4, 4)
+        (True, False, False)
+    """
+    return 1 < m < p and m & (m - 1) == 0
+
+
+def by_block(first: int, rank: int, local: int, m: int) -> bool:
+    """Whether this rank's node holds group ranks ``first .. first + m - 1`` in order, an
+    aligned block (``first``: the node's lowest group rank; ``local``: this rank's place on
+    the node). Every rank of the group must find it so.
+
+    Example:
+        >>> by_block(2, 3, 1, 2), by_block(1, 3, 1, 2)
+        (True, False)
+    """
+    return first == rank - local and first % m == 0
+
+
 def _build(call: Call) -> Hierarchy | None:
     g = call.group
     if g.size < 4 or shm.settings()[0] == "off":
@@ -150,7 +173,7 @@ def _build(call: Call) -> Hierarchy | None:
     node = split_node(comm, shm.settings()[1])
     m, i, r = node.Get_size(), node.Get_rank(), comm.Get_rank()
     first = node.allreduce(r, op=MPI.MIN)
-    fits = 1 < m < g.size and m & (m - 1) == 0 and first == r - i and first % m == 0
+    fits = splittable(m, g.size) and by_block(first, r, i, m)
     agreed = np.array([m, -m, int(fits)], np.int64)
     comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
     if agreed[0] != -agreed[1] or not agreed[2]:

@@ -162,7 +162,7 @@ def _nodes_section() -> dict[str, str]:
     world, so that it also reports a job whose launcher does not match)."""
     import numpy as np
 
-    from fcoll.backends import shm
+    from fcoll.backends import nodes, shm
     from fcoll.diagnostics.board import split_node
     from fcoll.runtime import mpi
 
@@ -170,7 +170,7 @@ def _nodes_section() -> dict[str, str]:
     world = MPI.COMM_WORLD
     node = split_node(world, shm.settings()[1])
     m, i, r = node.Get_size(), node.Get_rank(), world.Get_rank()
-    block = int(node.allreduce(r, op=MPI.MIN) == r - i and (r - i) % m == 0)
+    block = int(nodes.by_block(node.allreduce(r, op=MPI.MIN), r, i, m))
     node.Free()
     facts = np.array([int(i == 0), m, -m, block], np.int64)
     world.Allreduce(MPI.IN_PLACE, facts[:1], op=MPI.SUM)
@@ -181,7 +181,7 @@ def _nodes_section() -> dict[str, str]:
         schedule = "one rank"
     elif k == 1:
         schedule = "one node: MPI (FCOLL_SHM=0)" if off else "one node: the shared-memory segment"
-    elif not off and low == high and high > 1 and not high & (high - 1) and by_block:
+    elif not off and low == high and nodes.splittable(high, size) and by_block:
         schedule = (f"split: {k} nodes x {high} ranks (the segment inside each node, the tree "
                     "across: fcoll.backends.nodes)")
     else:

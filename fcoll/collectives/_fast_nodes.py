@@ -47,9 +47,8 @@ def all_reduce(g: Any, plan: Any) -> Fast | None:
     if kernel is None or plan.ufunc is None:
         return None
     ufunc, wire, finish, fp = plan.ufunc, plan.wire, plan.finish, plan.fp
-    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
+    recorder = flight.recorder(g.key)
     mismatch = module().Mismatch
-    small = (np.float32, np.float64)  # folded by numpy's loop below 256 elements anyway
 
     def across(x: np.ndarray) -> np.ndarray | None:
         """No split (one rank per node, another layout): the tree's recursive doubling over
@@ -58,16 +57,10 @@ def all_reduce(g: Any, plan: Any) -> Fast | None:
         p = g.size
         if p & (p - 1) or data.nbytes > doubling_limit(p):
             return None
-        g.seq += 1
-        i = pos[0]
-        if calls is not None:
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
+        i = _begin(g, recorder, "all_reduce", x)
         y = data.copy()
         _doubling(g._comm, g.rank, p, y, ufunc, tag(g.seq))
-        if calls is not None:
-            ends[i] = clock()
+        _end(recorder, i)
         done: np.ndarray = finish(y)
         return done.reshape(x.shape)
 
@@ -85,43 +78,49 @@ def all_reduce(g: Any, plan: Any) -> Fast | None:
         if core is None or k & (k - 1) or flat.nbytes > seg.capacity or (
                 not whole and flat.size % h.m) or part > doubling_limit(k):
             return None  # the full path (whose tree would not take recursive doubling)
-        g.seq += 1
-        i = pos[0]
-        if calls is not None:
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "all_reduce", "numpy", x.shape, x.dtype, clock())
+        i = _begin(g, recorder, "all_reduce", x)
         try:
             y = core.allreduce(flat, *kernel, fp, -1.0) if whole else core.reduce_scatter(
                 flat, *kernel, fp, -1.0)
-            if k == 2 and y.size < 256 and y.dtype.type in small:
-                _pair(h.cross.comm, h.cross.rank, y, ufunc, tag(g.seq))
-            else:
-                _doubling(h.cross.comm, h.cross.rank, k, y, ufunc, tag(g.seq))
+            _doubling(h.cross.comm, h.cross.rank, k, y, ufunc, tag(g.seq))
             if not whole:
                 out = np.empty(flat.size, flat.dtype)
                 core.allgather(y, out, fp, -1.0)
                 y = out
         except mismatch as error:
-            g.call.fn = "all_reduce"
-            raise fingerprint.mismatch("all_reduce", g.ranks, seg.announced(error.args[0])
-                                       ) from None
-        if calls is not None:
-            ends[i] = clock()
+            raise _told(g, seg, "all_reduce", error) from None
+        _end(recorder, i)
         done: np.ndarray = finish(y)
         return done if done.shape == x.shape else done.reshape(x.shape)
 
     return run
 
 
-def _pair(comm: Any, me: int, y: np.ndarray, ufunc: np.ufunc, label: int) -> None:
-    """`_doubling` on two nodes for a few floats: one exchange, numpy's fold."""
-    other = np.empty_like(y)
-    _sendrecv(comm, y, other, 1 - me, label)
-    if me:
-        ufunc(other, y, out=y)
-    else:
-        ufunc(y, other, out=y)
+def _begin(g: Any, recorder: flight.Recorder, name: str, x: np.ndarray) -> int:
+    """Count a fast path's call on ``g`` and enter it in the flight recorder (as the other
+    fast paths do, `fcoll.collectives._fast`); its slot there, or -1 (no recorder)."""
+    calls, _, pos, mask, ranks, clock = recorder
+    g.seq += 1
+    if calls is None:
+        return -1
+    i = pos[0]
+    pos[0] = i + 1
+    i &= mask
+    calls[i] = (ranks, g.seq, name, "numpy", x.shape, x.dtype, clock())
+    return i
+
+
+def _end(recorder: flight.Recorder, i: int) -> None:
+    """The call in slot ``i`` (`_begin`) completed."""
+    if i >= 0:
+        recorder[1][i] = recorder[5]()
+
+
+def _told(g: Any, seg: Any, name: str, error: Any) -> Exception:
+    """The core's Mismatch at a step as `fcoll.calls.errors.CollectiveMismatchError` (every
+    rank of the node alike)."""
+    g.call.fn = name
+    return fingerprint.mismatch(name, g.ranks, seg.announced(error.args[0]))
 
 
 def _doubling(comm: Any, me: int, k: int, y: np.ndarray, ufunc: np.ufunc, label: int) -> None:
@@ -155,7 +154,7 @@ def reduce_scatter(g: Any, plan: Any, fp: int) -> Fast | None:
     if kernel is None or plan.ufunc is None:
         return None
     ufunc, wire, finish = plan.ufunc, plan.wire, plan.finish
-    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
+    recorder = flight.recorder(g.key)
     mismatch = module().Mismatch
     p = g.size
 
@@ -172,18 +171,11 @@ def reduce_scatter(g: Any, plan: Any, fp: int) -> Fast | None:
             return None
         b = flat.size // p
         peers = np.ascontiguousarray(flat.reshape(2, h.m, b).transpose(1, 0, 2)).reshape(-1)
-        g.seq += 1
-        i = pos[0]
-        if calls is not None:
-            pos[0] = i + 1
-            i &= mask
-            calls[i] = (ranks, g.seq, "reduce_scatter_tensor", "numpy", shape, x.dtype, clock())
+        i = _begin(g, recorder, "reduce_scatter_tensor", x)
         try:
             part = core.reduce_scatter(peers, *kernel, fp, -1.0)
         except mismatch as error:
-            g.call.fn = "reduce_scatter_tensor"
-            raise fingerprint.mismatch("reduce_scatter_tensor", g.ranks,
-                                       seg.announced(error.args[0])) from None
+            raise _told(g, seg, "reduce_scatter_tensor", error) from None
         j = h.cross.rank
         other = np.empty(b, part.dtype)
         label = tag(g.seq)
@@ -191,8 +183,7 @@ def reduce_scatter(g: Any, plan: Any, fp: int) -> Fast | None:
                   "reduce_scatter_tensor")
         mine = part[j * b : (j + 1) * b]
         y = combine(ufunc, other, mine, other) if j else combine(ufunc, mine, other, other)
-        if calls is not None:
-            ends[i] = clock()
+        _end(recorder, i)
         done: np.ndarray = finish(y)
         return done.reshape((shape[0] // p, *shape[1:]))
 
