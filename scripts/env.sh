@@ -43,7 +43,11 @@ if ! current "$stamp" && ! current "$full_stamp"; then
 fi
 # The compiled shared-memory core is built by the install; rebuild it when its source or
 # build script changed since (an editable install does not).
-if [ "$root/fcoll/backends/_shmcore.c" -nt "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ]; then
+changed=0
+for source in "$root"/fcoll/backends/_shm*.[ch] "$root/setup.py"; do
+  [ "$source" -nt "$stamp" ] && changed=1
+done
+if [ "$changed" = 1 ]; then
   "$venv/bin/python" -m pip install -q --no-deps -e "$root"
   touch "$stamp"
 fi

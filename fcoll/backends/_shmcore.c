@@ -129,9 +129,6 @@ static struct timespec span(double seconds) {
 
 /* ---- one step: publish, wait, compare ------------------------------------------------------ */
 
-/* What a step's loop hands back once it has the GIL again (raise_failed makes the error) */
-enum { STEP_OK = 0, STEP_ERROR = -1, STEP_TIMEOUT = 1, STEP_MISMATCH = 2 };
-
 static inline int arrived(Core *c, int j, int64_t step) {
     return j == c->rank || atomic_load_explicit(&line_of(c, j, step)->step, memory_order_acquire) >= step;
 }
@@ -178,8 +175,10 @@ static int sleep_on(Core *c, int j, int64_t step, double seconds, double *pause)
 }
 
 /* With the GIL released (``*ts``): take it, run Python's signal handlers and ``c->serve``,
- * release it again. 0, or -1 with the Python error set (in this thread's state). */
+ * release it again. 0, or -1 with the Python error set (in this thread's state). ``ts`` NULL
+ * (a thread without Python, XLA's): nothing, 0. */
 static int serve(Core *c, PyThreadState **ts) {
+    if (ts == NULL) return 0; /* XLA's thread (_shmxla.c): no Python while it waits */
     PyEval_RestoreThread(*ts);
     int result = PyErr_CheckSignals();
     if (result == 0 && c->serve != NULL) {
@@ -344,14 +343,14 @@ static char *scratch_for(Core *c, const Program *p, int type, Py_ssize_t count, 
  * the caller, who fills in the identity); into ``given`` (reduce only; Py_None: a new array),
  * which may be x itself */
 static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *given) {
-    int fsz = fold_size[s->type], esz = elem_size[s->type], avg = s->flags & F_AVG, n = c->n;
+    int fsz = fold_size[s->type], esz = elem_size[s->type];
     /* this rank's own row: its input (the slot its peers read is then left to them), or the
      * copy it published when that copy is what counts (scaled), the input is unaligned or
      * the result overwrites it (in place) */
-    int scale = s->flags & F_SCALE, published = scale || !PyArray_ISALIGNED(x);
+    int published = (s->flags & F_SCALE) || !PyArray_ISALIGNED(x);
     const Program *prog = &c->programs[s->kind == K_REDUCE ? P_ALLREDUCE
                                        : s->flags & F_EXCLUSIVE ? P_EXSCAN : P_SCAN];
-    const char *src = PyArray_BYTES(x), *rows[MAX_RANKS];
+    const char *src = PyArray_BYTES(x);
     Py_ssize_t per = c->chunk / esz, total = PyArray_SIZE(x), all_bytes = total * esz;
     _Alignas(64) char stack[SCRATCH_STACK];
     char *allocated, *scratch = scratch_for(c, prog, s->type, min_size(total, per) * (esz / fsz),
@@ -377,22 +376,38 @@ static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *
     }
     char *dst = PyArray_BYTES(out);
     if (dst < src + all_bytes && src < dst + all_bytes) published = 1; /* in place: its slot */
-    int failed = STEP_OK;
     PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
+    int failed = shm_reduce_steps(c, s, prog, src, dst, total, published, scratch, &ts);
+    free(allocated);
+    return finish(c, ts, failed, out);
+}
+
+int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *src, char *dst,
+                     Py_ssize_t total, int published, char *scratch, PyThreadState **ts) {
+    int fsz = fold_size[s->type], esz = elem_size[s->type], avg = s->flags & F_AVG, n = c->n;
+    int scale = s->flags & F_SCALE;
+    const char *rows[MAX_RANKS];
+    Py_ssize_t per = c->chunk / esz;
+    int failed = STEP_OK;
     for (Py_ssize_t at = 0; at < total || (total == 0 && at == 0); at += per) {
         Py_ssize_t m = min_size(total - at, per), nbytes = m * esz;
         int64_t step = c->step + 1;
         char *mine = data_of(c, c->rank, step, nbytes);
         if (scale) scale_copy(mine, src + at * esz, s->type, m, s->factor);
         else if (nbytes) memcpy(mine, src + at * esz, (size_t)nbytes);
-        if ((failed = exchange(c, s->fp, total, s->deadline, &ts)) != STEP_OK) break;
+        if ((failed = exchange(c, s->fp, total, s->deadline, ts)) != STEP_OK) break;
         for (int j = 0; j < n; ++j)
             rows[j] = (j == c->rank && !published) ? src + at * esz : data_of(c, j, step, nbytes);
         fold_program(prog, s->type, s->op, avg, n, rows, dst + at * esz, m * (esz / fsz), scratch);
         if (total == 0) break;
     }
-    free(allocated);
-    return finish(c, ts, failed, out);
+    return failed;
+}
+
+size_t shm_scratch(Core *c, const Step *s, Py_ssize_t total) {
+    int esz = elem_size[s->type], fsz = fold_size[s->type];
+    return fold_scratch(&c->programs[P_ALLREDUCE], s->type,
+                        min_size(total, c->chunk / esz) * (esz / fsz));
 }
 
 /* reduce_scatter: each step carries the next piece of every block; rank r runs the tree on
@@ -852,6 +867,10 @@ PyMODINIT_FUNC PyInit__shmcore(void) {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&FastType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    if (PyModule_AddFunctions(m, xla_methods) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Mismatch = PyErr_NewException("fcoll.backends._shmcore.Mismatch", NULL, NULL);
     Timeout = PyErr_NewException("fcoll.backends._shmcore.Timeout", NULL, NULL);
     if (PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0 ||

@@ -112,4 +112,19 @@ PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out);
 /* 0 where the core folds (type, op), else -1 with ValueError set */
 int shm_fold_ok(int type, int op);
 
+/* What a step's loop hands back (raise_failed, or _shmxla.c's handler, makes the error) */
+enum { STEP_OK = 0, STEP_ERROR = -1, STEP_TIMEOUT = 1, STEP_MISMATCH = 2 };
+/* A reduction's steps (run_reduce's loop; the GIL released, ``*ts`` this thread's saved
+ * state, or ``ts`` NULL on a thread without Python: its waits then never take the GIL):
+ * ``total`` elements of ``src`` folded by ``prog`` into ``dst`` (which may be ``src``:
+ * then ``published``), ``scratch`` of shm_scratch's bytes. STEP_OK or what failed. */
+int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *src, char *dst,
+                     Py_ssize_t total, int published, char *scratch, PyThreadState **ts);
+/* the scratch bytes shm_reduce_steps needs for an all-reduce of ``total`` elements */
+size_t shm_scratch(Core *c, const Step *s, Py_ssize_t total);
+
+/* _shmxla.c: the XLA FFI handler's module functions (xla_handler, xla_setup, xla_channel,
+ * xla_records) */
+extern PyMethodDef xla_methods[];
+
 #endif

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 ENV = "FCOLL_TRACE"
@@ -69,6 +69,9 @@ class Ring:
 
 
 RING = Ring(_size())
+# More entries for the reports, in `Ring.entries`' form, from recorders outside Python
+# (`fcoll.xla.channel.records`: calls the compiled XLA handler served without the GIL).
+SOURCES: list[Callable[[], list[tuple[Any, int, str, Any, float, float]]]] = []
 
 
 def configure(size: int) -> None:

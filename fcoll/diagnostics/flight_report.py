@@ -87,7 +87,12 @@ def snapshot() -> list[Entry]:
     """This rank's record, compact: per entry its state and its duration (completed) or the
     time since it started (in flight, failed)."""
     now, out = time.perf_counter(), []
-    for key, seq, fn, args, begun, ended in flight.RING.entries():
+    entries = list(flight.RING.entries()) if flight.RING else []
+    if flight.SOURCES and flight.RING:  # records kept elsewhere (the compiled XLA handler's), in time order
+        for source in flight.SOURCES:
+            entries += source()
+        entries.sort(key=lambda e: e[4])
+    for key, seq, fn, args, begun, ended in entries:
         state = "completed" if ended > 0 else ("failed" if ended < 0 else "sent")
         out.append((key, seq, fn, *_args(args), state, (ended if ended > 0 else now) - begun))
     return out

@@ -36,7 +36,7 @@ import numpy as np
 from fcoll import runtime
 from fcoll.calls.errors import CollectiveTimeoutError
 from fcoll.groups.group import Group, world
-from fcoll.xla import capi, semantics
+from fcoll.xla import capi, channel, semantics
 
 ATTRIBUTE = "fcoll"  # the custom call's attribute holding the call's description
 TARGETS = {"cpu": "fcoll_collective_cpu", "cuda": "fcoll_collective_cuda"}
@@ -89,13 +89,18 @@ def _ranks_group(ranks: tuple[int, ...]) -> Group:
 
 def _serve(frame: capi.CallFrame, device: bool) -> None:
     kind, ranks, params = _call(capi.string_attribute(frame.attrs, ATTRIBUTE.encode()))
+    g = jit_group(ranks)
     if device:
         from fcoll.xla import device as gpu
 
-        gpu.serve(frame, kind, jit_group(ranks), params)
+        gpu.serve(frame, kind, g, params)
         return
     ins, outs = capi.host_arrays(frame.args), capi.host_arrays(frame.rets)
-    got = semantics.run(kind, ins, jit_group(ranks), np, params)
+    channel.enter(g)
+    try:
+        got = semantics.run(kind, ins, g, np, params)
+    finally:
+        channel.leave(g, USER_GROUPS.get(ranks, g))  # its segment may have grown
     for out, y in zip(outs, got, strict=True):
         np.copyto(out, y.reshape(out.shape))
 
@@ -145,14 +150,21 @@ _gpu_handler: Any = capi.HANDLER(_gpu)
 
 def register(platform: str) -> str:
     """Register the handler for ``platform`` (``cpu`` or ``cuda``) with XLA, once; returns
-    the custom call's target name."""
+    the custom call's target name. On the CPU that is the compiled handler
+    (`fcoll.xla.channel`) where the compiled core runs, handing this module's the calls it
+    does not serve; else this module's, through ctypes."""
     jax: Any = sys.modules["jax"]
     name = TARGETS[platform]
     if platform not in _REGISTERED:
         handler = _cpu_handler if platform == "cpu" else _gpu_handler
         address = ctypes.cast(handler, ctypes.c_void_p).value
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(address),
-                                    platform="cpu" if platform == "cpu" else "CUDA")
+        compiled = channel.compiled() if platform == "cpu" else None
+        if compiled is not None:
+            compiled.xla_setup(address, channel.told)
+            target = compiled.xla_handler()
+        else:
+            target = jax.ffi.pycapsule(address)
+        jax.ffi.register_ffi_target(name, target, platform="cpu" if platform == "cpu" else "CUDA")
         _REGISTERED.add(platform)
     return name
 

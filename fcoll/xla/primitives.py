@@ -37,7 +37,7 @@ from jax.interpreters import mlir
 from fcoll.dispatch import interop
 from fcoll.groups.group import Group, resolve_group
 from fcoll.policy.plan import reduction_plan
-from fcoll.xla import handler, rules, semantics
+from fcoll.xla import channel, handler, rules, semantics
 
 KINDS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
 TESTED = ((0, 9), (0, 10))  # the JAX minor versions tests/test_jit.py passed on (0.9.2, 0.10.2)
@@ -111,11 +111,17 @@ def _impl(kind: str) -> Callable[..., Any]:
 def _lowering(kind: str, platform: str) -> Callable[..., Any]:
     def lower(ctx: Any, *operands: Any, ranks: tuple[int, ...], **params: Any) -> Any:
         target = handler.register(platform)
+        attrs = channel.OFF
+        if platform == "cpu":
+            attrs = channel.prepare(kind, group_of(ranks), jit_of, list(ctx.avals_in), params)
+        if attrs is channel.OFF:  # the Python handler: eager calls wait for jitted ones
+            handler.arm()
         token = ctx.tokens_in.get(EFFECT)
         with_token = ctx.replace(avals_in=(*ctx.avals_in, ABSTRACT_TOKEN),
                                  avals_out=(*ctx.avals_out, ABSTRACT_TOKEN))
-        rule = jax.ffi.ffi_lowering(target, has_side_effect=True)
-        results = list(rule(with_token, *operands, token,
+        aliases = {} if attrs is channel.OFF else {i: i for i in range(len(operands))}
+        rule = jax.ffi.ffi_lowering(target, has_side_effect=True, operand_output_aliases=aliases)
+        results = list(rule(with_token, *operands, token, **attrs,
                             **{handler.ATTRIBUTE: handler.describe(kind, ranks, params)}))
         ctx.set_tokens_out(mlir.TokenSet({EFFECT: results.pop()}))
         return results
@@ -134,6 +140,11 @@ def _primitive(kind: str) -> Primitive:
 
 
 PRIMITIVES: dict[str, Any] = {kind: _primitive(kind) for kind in KINDS}
+
+
+def jit_of(user: Group) -> Group:
+    """The duplicate of ``user`` that jitted calls use (`fcoll.xla.handler.jit_group`)."""
+    return handler.jit_group(user.ranks)
 
 
 def group_of(ranks: tuple[int, ...]) -> Group:
@@ -163,7 +174,6 @@ def bind(kind: str, leaves: Sequence[Any], g: Group, fn: str, **params: Any) -> 
         for a in arrays:
             reduction_plan(np.empty((0,), a.dtype), params["op"], g, fn)
     handler.USER_GROUPS[g.ranks] = g
-    handler.arm()
     return apply(kind, arrays, g.ranks, params)
 
 

@@ -1,0 +1,180 @@
+"""The compiled handler's side in Python: a group's channel for jitted calls, made when a
+jitted function is lowered, and what the handler asks of Python.
+
+A channel is the group's duplicate for jitted calls (`fcoll.xla.handler.jit_group`: its own
+communicator, segment and step counter, so eager calls on the group keep their fast paths
+and never meet jitted ones) registered with the compiled handler
+(``fcoll.backends._shmcore.xla_handler``, `fcoll/backends/_shmxla.c`) by index. `prepare`
+runs where JAX lowers a collective (on the main thread, at the same point on every rank:
+every rank lowers the same program): for a psum the compiled core folds, on a group on one
+node (or of one rank), it makes the channel's segment hold the call's step (an eager
+all-reduce of that size on the duplicate, first waiting for jitted calls in flight: they
+may be using it) and returns the custom call's typed attributes. Everything else gets
+``channel = -1`` and the Python handler.
+
+Example:
+    >>> prepare("psum", (0, 1), [ShapedArray((4,), f32)], {"op": "sum"})
+    {'channel': 0, 'wire': 10, 'fold': 0, 'flags': 0, 'fp': ...}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fcoll import runtime
+from fcoll.backends import native
+from fcoll.backends.segment import CHUNK
+from fcoll.calls.errors import timed_out
+from fcoll.calls.fingerprint import mismatch
+from fcoll.collectives import all_reduce
+from fcoll.collectives._fold import native_kernel
+from fcoll.diagnostics import flight
+from fcoll.groups.group import Group
+from fcoll.policy.plan import reduction_plan
+
+OFF = {"channel": np.int64(-1)}  # the attributes of a call the Python handler serves
+TIMEOUT, MISMATCH = 1, 2  # the compiled handler's failures (STEP_TIMEOUT, STEP_MISMATCH)
+_INDEX: dict[tuple[int, ...], int] = {}  # a jit group's channel, by ranks
+_GROUPS: dict[int, Group] = {}  # and back
+
+
+def compiled() -> Any:
+    """The compiled core with the handler, where this job's segments step in C; else None."""
+    if not native.running():
+        return None
+    core = native.module()
+    return core if core is not None and hasattr(core, "xla_handler") else None
+
+
+def _timeout(user: Group) -> float:
+    """The user group's deadline in seconds (0: none), as `fcoll.groups.membership.member`."""
+    timeout = user.timeout if user.timeout is not None else runtime._state.timeout
+    return 0.0 if timeout is None or timeout == math.inf else float(timeout)
+
+
+def index(jit: Group) -> int:
+    """The channel index of the jit group ``jit`` (made at its first use)."""
+    found = _INDEX.get(jit.ranks)
+    if found is None:
+        found = _INDEX[jit.ranks] = len(_INDEX)
+        _GROUPS[found] = jit
+    return found
+
+
+def register(jit: Group, user: Group) -> int:
+    """Tell the compiled handler ``jit``'s segment core (None where it has none: one rank,
+    or the channel is off), ranks and deadline; its index."""
+    core, i = compiled(), index(jit)
+    seg = jit.shm
+    step_core = seg.core if seg else None
+    n = jit.size if jit.usable and (jit.size == 1 or step_core is not None) else 0
+    if i < 256:
+        core.xla_channel(i, step_core, n, _timeout(user))
+    return i
+
+
+def enter(jit: Group) -> None:
+    """Before Python calls on ``jit``: its call number from the compiled handler's count (the
+    calls it served count on the group too)."""
+    i = _INDEX.get(jit.ranks)
+    if i is not None and i < 256 and compiled() is not None:
+        jit.seq = max(jit.seq, compiled().xla_calls(i))
+
+
+def leave(jit: Group, user: Group) -> None:
+    """After Python used ``jit`` (its segment may have grown): tell the compiled handler
+    again, with the group's call number, where it knows the channel."""
+    i = _INDEX.get(jit.ranks)
+    if i is not None and i < 256 and compiled() is not None:
+        compiled().xla_calls(i, jit.seq)
+        register(jit, user)
+
+
+def prepare(kind: str, user: Group, jit_group: Any, avals: list[Any], params: dict[str, Any]
+            ) -> dict[str, Any]:
+    """The typed attributes of a lowered call: the compiled handler's channel and fold for a
+    psum it can serve (see the module's docstring), else `OFF`. ``jit_group(user)`` gives
+    the duplicate; the first call lowered on a group sets its channel up (`_open`), whatever
+    its kind and dtype, so that every rank does so at the same point."""
+    s = runtime._state
+    if compiled() is None or s.checking or s.counting or not user.usable:
+        return OFF
+    jit = jit_group(user)
+    i = _open(jit, user)
+    dtypes = {np.dtype(a.dtype) for a in avals}
+    if kind != "psum" or i >= 256 or len(dtypes) != 1 or not _live(jit):
+        return OFF
+    dtype = dtypes.pop()
+    plan = reduction_plan(np.empty((0,), dtype), params["op"], user, "psum")
+    kernel = native_kernel(plan)
+    if kernel is None or kernel[2] & ~native.F_AVG:  # (as the eager call: x in its own dtype)
+        return OFF
+    wire, fold, flags, _ = kernel
+    return {"channel": np.int64(register(jit, user)), "wire": np.int32(wire),
+            "fold": np.int32(fold), "flags": np.int32(flags), "fp": np.int64(plan.fp)}
+
+
+def _live(jit: Group) -> bool:
+    """Whether the compiled handler can step ``jit``: one rank, or a segment in C that holds
+    a whole step (`CHUNK` bytes per rank)."""
+    seg = jit.shm
+    return jit.size == 1 or bool(seg and seg.core is not None and seg.capacity >= CHUNK)
+
+
+def _open(jit: Group, user: Group) -> int:
+    """The channel of ``jit``, set up at the first call lowered on it (collective over the
+    group: once jitted calls in flight are done, an eager all-reduce of `CHUNK` bytes per
+    rank on the duplicate makes its segment that size, so no jitted call ever grows it)."""
+    known = jit.ranks in _INDEX
+    i = index(jit)
+    if not known and jit.size > 1 and i < 256:
+        from fcoll.xla import handler
+
+        handler.wait_for_jitted()
+        enter(jit)
+        all_reduce(np.zeros(CHUNK // 4, np.float32), "sum", jit)
+        compiled().xla_calls(i, jit.seq)
+    if not known:
+        register(jit, user)
+    return i
+
+
+def told(i: int, failed: int, step: int, call: int) -> str:
+    """The compiled handler's call number ``call`` on channel ``i`` failed (`TIMEOUT`, or
+    `MISMATCH` at the segment's ``step``): fcoll's error for it, as the eager call raises it,
+    as its text. The channel is turned off: later calls take the Python handler, which
+    tells that the group is unusable."""
+    from fcoll.xla import handler
+
+    jit = _GROUPS[i]
+    compiled().xla_channel(i, None, 0, 0.0)
+    handler.arm()  # later calls take the Python handler: eager calls wait for them
+    jit.seq = max(jit.seq, call)
+    if failed == MISMATCH:
+        error: BaseException = mismatch("psum", jit.ranks, jit.shm.announced(step))
+    else:
+        user = handler.USER_GROUPS.get(jit.ranks, jit)
+        error = timed_out("psum", jit, _timeout(user), call)
+    return f"fcoll: {type(error).__name__}: {error}"
+
+
+def _records() -> list[tuple[Any, int, str, Any, float, float]]:
+    """The compiled handler's recent calls, as the flight recorder's entries ``(group key,
+    call number, op, args, start, end)`` (times on ``time.monotonic``'s clock)."""
+    core = compiled()
+    if core is None:
+        return []
+    names = {code: dtype for dtype, code in native.TYPES.items() if dtype != np.dtype(bool)}
+    out = []
+    for i, jit in _GROUPS.items():
+        if i >= 256:
+            continue
+        for seq, count, kind, start, end in core.xla_records(i):
+            out.append((jit.key, seq, "psum", ("numpy", (count,), names[kind]), start, end))
+    return out
+
+
+flight.SOURCES.append(_records)
