@@ -6,11 +6,13 @@ communicator, segment and step counter, so eager calls on the group keep their f
 and never meet jitted ones) registered with the compiled handler
 (``fcoll.backends._shmcore.xla_handler``, `fcoll/backends/_shmxla.c`) by index. `prepare`
 runs where JAX lowers a collective (on the main thread, at the same point on every rank:
-every rank lowers the same program): for a psum the compiled core folds, on a group on one
-node (or of one rank), it makes the channel's segment hold the call's step (an eager
-all-reduce of that size on the duplicate, first waiting for jitted calls in flight: they
-may be using it) and returns the custom call's typed attributes. Everything else gets
-``channel = -1`` and the Python handler.
+every rank lowers the same program). The first call lowered on a group, of any kind, opens
+its channel: an eager all-reduce of `CHUNK` bytes per rank on the duplicate, once jitted
+calls in flight are done, makes its segment hold any step, so no jitted call ever grows
+it. A psum of one dtype the compiled core folds, on a group on one node (or of one rank),
+then gets the custom call's typed attributes; everything else ``channel = -1`` and the
+Python handler (`fcoll.xla.handler`; eager calls then wait for jitted ones,
+`fcoll.xla.order`).
 
 Example:
     >>> prepare("psum", (0, 1), [ShapedArray((4,), f32)], {"op": "sum"})
@@ -34,6 +36,7 @@ from fcoll.collectives._fold import native_kernel
 from fcoll.diagnostics import flight
 from fcoll.groups.group import Group
 from fcoll.policy.plan import reduction_plan
+from fcoll.xla import order
 
 OFF = {"channel": np.int64(-1)}  # the attributes of a call the Python handler serves
 TIMEOUT, MISMATCH = 1, 2  # the compiled handler's failures (STEP_TIMEOUT, STEP_MISMATCH)
@@ -131,9 +134,7 @@ def _open(jit: Group, user: Group) -> int:
     known = jit.ranks in _INDEX
     i = index(jit)
     if not known and jit.size > 1 and i < 256:
-        from fcoll.xla import handler
-
-        handler.wait_for_jitted()
+        order.wait_for_jitted()
         enter(jit)
         all_reduce(np.zeros(CHUNK // 4, np.float32), "sum", jit)
         compiled().xla_calls(i, jit.seq)
@@ -147,16 +148,14 @@ def told(i: int, failed: int, step: int, call: int) -> str:
     `MISMATCH` at the segment's ``step``): fcoll's error for it, as the eager call raises it,
     as its text. The channel is turned off: later calls take the Python handler, which
     tells that the group is unusable."""
-    from fcoll.xla import handler
-
     jit = _GROUPS[i]
     compiled().xla_channel(i, None, 0, 0.0)
-    handler.arm()  # later calls take the Python handler: eager calls wait for them
+    order.arm()  # later calls take the Python handler: eager calls wait for them
     jit.seq = max(jit.seq, call)
     if failed == MISMATCH:
         error: BaseException = mismatch("psum", jit.ranks, jit.shm.announced(step))
     else:
-        user = handler.USER_GROUPS.get(jit.ranks, jit)
+        user = order.USER_GROUPS.get(jit.ranks, jit)
         error = timed_out("psum", jit, _timeout(user), call)
     return f"fcoll: {type(error).__name__}: {error}"
 

@@ -11,10 +11,11 @@ deadlines and flight record. Three rules keep that safe on another thread:
 - Each group gets its own duplicate communicator for jitted calls, made at the group's
   first jitted call (collective over the group, at the same point on every rank), so their
   messages never meet the eager calls' and their call numbers are their own.
-- The calls are serialised with eager fcoll calls (MPI runs at ``serialized``): once a
-  jitted function has collectives, an eager call first waits for the jitted functions
-  dispatched before it (`wait_for_jitted`, JAX's effects barrier), and a lock keeps two
-  handlers apart.
+- The calls this module serves are serialised with eager fcoll calls (MPI runs at
+  ``serialized``): once a jitted function has a collective served here, an eager call first
+  waits for the jitted functions dispatched before it (`fcoll.xla.order`, JAX's effects
+  barrier), and a lock keeps two handlers apart. The compiled handler's calls
+  (`fcoll.xla.channel`) touch neither MPI nor Python: eager calls need not wait for them.
 - An exception becomes an XLA error carrying its type and message: the jitted function's
   outputs raise it (``jax.errors.JaxRuntimeError``) where they are read, on every rank that
   raised, as the eager call would have; nothing is thrown across the C boundary.
@@ -37,13 +38,14 @@ from fcoll import runtime
 from fcoll.calls.errors import CollectiveTimeoutError
 from fcoll.groups.group import Group, world
 from fcoll.xla import capi, channel, semantics
+from fcoll.xla.order import _HANDLING, USER_GROUPS, arm, disarm, wait_for_jitted
+
+__all__ = ["USER_GROUPS", "arm", "disarm", "jit_group", "register", "wait_for_jitted"]
 
 ATTRIBUTE = "fcoll"  # the custom call's attribute holding the call's description
 TARGETS = {"cpu": "fcoll_collective_cpu", "cuda": "fcoll_collective_cuda"}
 
-_HANDLING = threading.local()  # .active: this thread is serving a jitted call
 _LOCK = threading.Lock()
-USER_GROUPS: dict[tuple[int, ...], Group] = {}  # the groups traced calls named, by ranks
 _JIT_GROUPS: dict[tuple[int, ...], Group] = {}  # their duplicates for jitted calls
 _CALLS: dict[bytes, tuple[str, tuple[int, ...], dict[str, Any]]] = {}
 _REGISTERED: set[str] = set()
@@ -167,40 +169,3 @@ def register(platform: str) -> str:
         jax.ffi.register_ffi_target(name, target, platform="cpu" if platform == "cpu" else "CUDA")
         _REGISTERED.add(platform)
     return name
-
-
-def wait_for_jitted() -> None:
-    """Wait until the jitted functions dispatched so far have run their collectives
-    (`jax.effects_barrier`), unless called from the handler itself. An error of theirs is
-    left to their outputs, which raise it where they are read."""
-    if getattr(_HANDLING, "active", False):
-        return
-    jax = sys.modules["jax"]
-    try:
-        jax.effects_barrier()
-    except Exception:  # a failed jitted function: its outputs report it
-        sys.modules["jax._src.dispatch"].runtime_tokens.clear()
-
-
-def arm() -> None:
-    """Make eager calls wait for jitted ones (`wait_for_jitted`) from now on: called when a
-    collective is first traced. The default group's fast paths are dropped (they would skip
-    the wait)."""
-    if runtime._state.before_call is None:
-        runtime._state.before_call = wait_for_jitted
-        runtime.changed()
-
-
-def disarm() -> None:
-    """Undo `arm` once every jitted collective dispatched so far has run (`wait_for_jitted`):
-    eager calls stop waiting and the fast paths come back. For a program (or a test
-    module) that is done with jitted collectives; a later traced collective arms again.
-
-    Example:
-        >>> step(params)                  # jitted, with collectives inside
-        >>> handler.disarm()              # then eager calls only: 8 B back to ~1.4 us
-    """
-    if runtime._state.before_call is not None:
-        wait_for_jitted()
-        runtime._state.before_call = None
-        runtime.changed()
