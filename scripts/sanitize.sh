@@ -6,8 +6,9 @@
 # with the sanitizers' runtimes preloaded into every process: the core's own tests
 # (tests/test_native.py), the segment, reduction, movement and out= tests at one world size
 # (FCOLL_SANITIZE_SIZE, default 3: an odd size, with more ranks than this machine's two cores,
-# so steps interleave the most) with every size through the segment (FCOLL_SHM=1), and 20,000
-# steps of the stress job at n = 3. Any
+# so steps interleave the most) with every size through the segment (FCOLL_SHM=1), the XLA
+# FFI handler's tests inside jax.jit at n = 2 (tests/test_jit_compiled.py: jaxlib itself is not
+# instrumented, the handler and the core are), and 20,000 steps of the stress job at n = 3. Any
 # report ends that process with an error, so the script fails. Creates .venv if missing;
 # scripts/test.sh runs it after the suite (FCOLL_SANITIZE_PASS=0 skips it there).
 set -uo pipefail
@@ -37,6 +38,9 @@ for n in ${FCOLL_SANITIZE_SIZE:-3}; do
     --durations=30 -p no:cacheprovider --capture=sys tests/test_shm.py tests/test_shm_movement.py tests/test_reductions.py \
     tests/test_coalesced.py tests/test_into.py || status=1
 done
+echo "=== sanitize: the XLA FFI handler (fcoll/backends/_shmxla.c) inside jax.jit, n=2"
+MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec 2 "${sanitized[@]}" "$PY" -m pytest -q \
+  --durations=10 -p no:cacheprovider --capture=sys tests/test_jit_compiled.py || status=1
 echo "=== sanitize: stress, n=3"
 FCOLL_SHM=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec 3 "${sanitized[@]}" "$PY" \
   tests/stress_job.py 20000 3 || status=1

@@ -9,6 +9,8 @@
 #                    in one job (FCOLL_SHM=0; FCOLL_SHM=1; FCOLL_SHM=1 FCOLL_NATIVE=0, the numpy
 #                    path instead of the compiled core; tests/suite_plan.py leaves out only
 #                    exact repeats). FCOLL_SHM_PASS=0 skips them
+#   jax-0.9.2        the jitted tests at world sizes 1 and 2 on the oldest JAX fcoll supports
+#                    (the venv has the newest; FCOLL_JAX_OLDEST_PASS=0 skips them)
 #   sanitize         the compiled core under AddressSanitizer and UBSan: its own tests, the
 #                    segment tests at one world size, the stress job (scripts/sanitize.sh;
 #                    FCOLL_SANITIZE_PASS=0 skips it)
@@ -99,6 +101,31 @@ if [ "${FCOLL_SHM_PASS:-1}" != 0 ]; then
     rc=$?
     [ $rc = 0 ] || [ $rc = 5 ] || status=1
   done
+fi
+# The jitted tests again on the oldest JAX fcoll supports (fcoll.xla.primitives.TESTED; the
+# venv has the newest), installed beside the venv without dependencies (the venv's numpy,
+# ml_dtypes and scipy serve both) and put first on PYTHONPATH, at world sizes 1 and 2.
+# FCOLL_JAX_OLDEST (default 0.9.2) names it; FCOLL_JAX_OLDEST_PASS=0 skips the pass.
+jax_oldest=${FCOLL_JAX_OLDEST:-0.9.2}
+jax_oldest_pass() {
+  local dir="$root/.venv-jax-$jax_oldest" rc=0 n one
+  if [ ! -f "$dir/.installed" ]; then
+    "$PY" -m pip install -q --target "$dir" --no-deps "jax==$jax_oldest" "jaxlib==$jax_oldest" \
+      || return 1
+    touch "$dir/.installed"
+  fi
+  PYTHONPATH="$dir" "$PY" -c "import jax, sys; print('JAX', jax.__version__, jax.__file__)
+sys.exit(jax.__version__ != '$jax_oldest')" || return 1
+  for n in 1 2; do
+    PYTHONPATH="$dir" pytest_ "$n" tests/test_jit.py tests/test_jit_compiled.py tests/test_lax.py "$@"
+    one=$?
+    if [ "$one" != 0 ] && { [ "$one" != 5 ] || [ "$narrowed" = 0 ]; }; then rc=1; fi
+  done
+  return $rc
+}
+if [ "${FCOLL_JAX_OLDEST_PASS:-1}" != 0 ] && [ "$mpi" = mpich ] && "$PY" -c "import jax" 2>/dev/null; then
+  stage "jax-$jax_oldest" jax_oldest_pass "$@"
+  judge $?
 fi
 if [ "${FCOLL_SANITIZE_PASS:-1}" != 0 ] && [ "$mpi" = mpich ]; then
   stage sanitize bash "$here/sanitize.sh"
