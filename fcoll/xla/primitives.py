@@ -40,7 +40,8 @@ from fcoll.policy.plan import reduction_plan
 from fcoll.xla import channel, handler, rules, semantics
 
 KINDS = ("psum", "all_gather", "psum_scatter", "all_to_all", "ppermute")
-TESTED = ((0, 9), (0, 10))  # the JAX minor versions tests/test_jit.py passed on (0.9.2, 0.10.2)
+TESTED = ((0, 9), (0, 10), (0, 11))  # the minor versions the jit tests passed on (0.9.2, 0.10.2, 0.11.2;
+# scripts/jax-versions.sh)
 
 
 def supported(version: str) -> bool:
