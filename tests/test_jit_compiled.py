@@ -168,3 +168,24 @@ def test_different_jitted_calls_raise_a_mismatch_on_every_rank(mesh: Any) -> Non
         jit = handler.jit_group(g.ranks)
         channel.register(jit, g)  # the compiled handler again, for the tests that follow
         order.disarm()
+
+
+def test_debug_detail_sends_compiled_calls_to_the_python_handler(mesh: Any) -> None:
+    """A function compiled before ``debug="detail"`` keeps its checks: while the job checks
+    calls, the channel is off and the Python handler (with the cross-rank check) serves it;
+    after, the compiled handler again."""
+    f = jax.jit(lambda v: lax.psum(v, "dp"))
+    x, n = jnp.ones(3), lax.axis_size("dp")
+    np.testing.assert_allclose(np.asarray(f(x)), n)
+    fc.init(debug="detail")
+    try:
+        before = served()
+        np.testing.assert_allclose(np.asarray(f(x)), n)
+        assert served() == before
+        assert runtime._state.before_call is not None  # eager calls wait for the Python handler
+    finally:
+        fc.init(debug="off")
+    order.disarm()
+    before = served()
+    np.testing.assert_allclose(np.asarray(f(x)), n)
+    assert served() - before == 1

@@ -68,15 +68,30 @@ def index(jit: Group) -> int:
 
 
 def register(jit: Group, user: Group) -> int:
-    """Tell the compiled handler ``jit``'s segment core (None where it has none: one rank,
-    or the channel is off), ranks and deadline; its index."""
+    """Tell the compiled handler ``jit``'s segment core (None where it has none: one rank),
+    ranks and deadline; its index. The channel is off (its calls go to the Python handler)
+    where the group broke, has no segment in C, or the job checks calls (``debug="detail"``)
+    or counts their traffic."""
     core, i = compiled(), index(jit)
-    seg = jit.shm
+    seg, s = jit.shm, runtime._state
     step_core = seg.core if seg else None
-    n = jit.size if jit.usable and (jit.size == 1 or step_core is not None) else 0
+    on = jit.usable and not s.checking and not s.counting and (jit.size == 1 or step_core is not None)
     if i < 256:
-        core.xla_channel(i, step_core, n, _timeout(user))
+        core.xla_channel(i, step_core if on else None, jit.size if on else 0, _timeout(user))
     return i
+
+
+def _changed() -> None:
+    """The settings changed (`fcoll.init`: the deadline, the debug level) or a group broke:
+    tell the compiled handler every channel again; where its calls now go to the Python
+    handler (debug checks, traffic counts), eager calls wait for jitted ones."""
+    if not _GROUPS or compiled() is None:
+        return
+    for i, jit in _GROUPS.items():
+        if i < 256:
+            register(jit, order.USER_GROUPS.get(jit.ranks, jit))
+    if runtime._state.checking or runtime._state.counting:
+        order.arm()
 
 
 def enter(jit: Group) -> None:
@@ -177,3 +192,4 @@ def _records() -> list[tuple[Any, int, str, Any, float, float]]:
 
 
 flight.SOURCES.append(_records)
+runtime.on_change(_changed)
