@@ -189,3 +189,17 @@ def test_debug_detail_sends_compiled_calls_to_the_python_handler(mesh: Any) -> N
     before = served()
     np.testing.assert_allclose(np.asarray(f(x)), n)
     assert served() - before == 1
+
+
+def test_pytrees_of_different_lengths_raise_a_mismatch(mesh: Any) -> None:
+    """A compiled psum of several leaves first announces how many: a rank that passes fewer
+    leaves of the same size gets the mismatch error, as every other rank, instead of
+    pairing its leaf with another rank's second one."""
+    if lax.axis_size("dp") < 2:
+        pytest.skip("a mismatch needs two ranks")
+    g = mesh.group("dp")
+    leaves = 2 if fc.get_rank() == g.ranks[0] else 1
+    tree = [jnp.ones(3) for _ in range(leaves)]
+    with pytest.raises(Exception, match="CollectiveMismatchError"):
+        jax.block_until_ready(jax.jit(lambda t: lax.psum(t, "dp"))(tree))
+    assert float(jax.jit(lambda v: lax.psum(v, "dp"))(jnp.ones(()))) == g.size  # still usable

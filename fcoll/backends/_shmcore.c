@@ -404,6 +404,10 @@ int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *sr
     return failed;
 }
 
+int shm_announce(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts) {
+    return exchange(c, fp, count, deadline, ts);
+}
+
 size_t shm_scratch(Core *c, const Step *s, Py_ssize_t total) {
     int esz = elem_size[s->type], fsz = fold_size[s->type];
     return fold_scratch(&c->programs[P_ALLREDUCE], s->type,

@@ -120,6 +120,8 @@ enum { STEP_OK = 0, STEP_ERROR = -1, STEP_TIMEOUT = 1, STEP_MISMATCH = 2 };
  * then ``published``), ``scratch`` of shm_scratch's bytes. STEP_OK or what failed. */
 int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *src, char *dst,
                      Py_ssize_t total, int published, char *scratch, PyThreadState **ts);
+/* one step without data: publish (fp, count), wait for every rank, compare (as above) */
+int shm_announce(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts);
 /* the scratch bytes shm_reduce_steps needs for an all-reduce of ``total`` elements */
 size_t shm_scratch(Core *c, const Step *s, Py_ssize_t total);
 

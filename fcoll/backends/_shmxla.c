@@ -117,6 +117,27 @@ static int buffers(int64_t size, void **items, XLA_FFI_Buffer **out, int max) {
     return k;
 }
 
+/* The core's type of an XLA buffer's dtype (-1: none) */
+static int core_type(XLA_FFI_DataType dtype) {
+    switch (dtype) {
+    case XLA_FFI_DataType_PRED: case XLA_FFI_DataType_U8: return T_U8;
+    case XLA_FFI_DataType_S8: return T_I8;
+    case XLA_FFI_DataType_U16: return T_U16;
+    case XLA_FFI_DataType_S16: return T_I16;
+    case XLA_FFI_DataType_U32: return T_U32;
+    case XLA_FFI_DataType_S32: return T_I32;
+    case XLA_FFI_DataType_U64: return T_U64;
+    case XLA_FFI_DataType_S64: return T_I64;
+    case XLA_FFI_DataType_F16: return T_F16;
+    case XLA_FFI_DataType_BF16: return T_BF16;
+    case XLA_FFI_DataType_F32: return T_F32;
+    case XLA_FFI_DataType_F64: return T_F64;
+    case XLA_FFI_DataType_C64: return T_C64;
+    case XLA_FFI_DataType_C128: return T_C128;
+    default: return -1;
+    }
+}
+
 static int64_t elements(const XLA_FFI_Buffer *b) {
     int64_t count = 1;
     for (int64_t d = 0; d < b->rank; ++d) count *= b->dims[d];
@@ -175,7 +196,9 @@ static XLA_FFI_Error *psum(XLA_FFI_CallFrame *frame, int index, Step *s, XLA_FFI
     *served = 0;
     for (int i = 0; i < k; ++i) {
         int64_t count = elements(ins[i]);
-        if (ins[i]->dtype != outs[i]->dtype || elements(outs[i]) != count) return NULL;
+        if (ins[i]->dtype != outs[i]->dtype || core_type(ins[i]->dtype) != s->type ||
+            elements(outs[i]) != count)
+            return NULL;
         most = count > most ? count : most;
     }
     Py_ssize_t step_bytes = (Py_ssize_t)most * elem_size[s->type];
@@ -194,7 +217,9 @@ static XLA_FFI_Error *psum(XLA_FFI_CallFrame *frame, int index, Step *s, XLA_FFI
     r->end = 0.0;
     r->start = now_s();
     s->deadline = ch->timeout > 0 ? r->start + ch->timeout : -1.0;
-    int failed = STEP_OK;
+    /* several operands: first a step that announces how many, so that ranks with different
+     * pytrees are told (each operand's step then compares its own element count) */
+    int failed = ch->n > 1 && k > 1 ? shm_announce(c, s->fp, k, s->deadline, NULL) : STEP_OK;
     for (int i = 0; i < k && failed == STEP_OK; ++i)
         failed = reduce_one(ch, s, ins[i], outs[i], elements(ins[i]), scratch);
     if (scratch != stack) free(scratch);

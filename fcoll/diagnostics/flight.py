@@ -43,6 +43,7 @@ class Ring:
         self.calls: list[tuple[Any, ...] | None] = [None] * self.size
         self.ends: list[float] = [0.0] * self.size
         self.pos = [0]  # entries made so far (a list: the fast paths' closures share it)
+        self.since = time.perf_counter()  # the record starts here (`SOURCES` too)
 
     def __bool__(self) -> bool:
         return self.size > 0
@@ -70,7 +71,8 @@ class Ring:
 
 RING = Ring(_size())
 # More entries for the reports, in `Ring.entries`' form, from recorders outside Python
-# (`fcoll.xla.channel.records`: calls the compiled XLA handler served without the GIL).
+# (`fcoll.xla.channel._records`: calls the compiled XLA handler served without the GIL); the
+# reports keep those that started since the ring was made (`configure` starts afresh).
 SOURCES: list[Callable[[], list[tuple[Any, int, str, Any, float, float]]]] = []
 
 

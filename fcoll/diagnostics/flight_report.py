@@ -88,10 +88,10 @@ def snapshot() -> list[Entry]:
     time since it started (in flight, failed)."""
     now, out = time.perf_counter(), []
     entries = list(flight.RING.entries()) if flight.RING else []
-    if flight.SOURCES and flight.RING:  # records kept elsewhere (the compiled XLA handler's), in time order
-        for source in flight.SOURCES:
-            entries += source()
-        entries.sort(key=lambda e: e[4])
+    if flight.SOURCES and flight.RING:  # records kept elsewhere (the compiled XLA handler's):
+        for source in flight.SOURCES:     # the ring's size of the latest, in time order
+            entries += [e for e in source() if e[4] >= flight.RING.since]
+        entries = sorted(entries, key=lambda e: e[4])[-flight.RING.size:]
     for key, seq, fn, args, begun, ended in entries:
         state = "completed" if ended > 0 else ("failed" if ended < 0 else "sent")
         out.append((key, seq, fn, *_args(args), state, (ended if ended > 0 else now) - begun))
