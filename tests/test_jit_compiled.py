@@ -203,3 +203,29 @@ def test_pytrees_of_different_lengths_raise_a_mismatch(mesh: Any) -> None:
     with pytest.raises(Exception, match="CollectiveMismatchError"):
         jax.block_until_ready(jax.jit(lambda t: lax.psum(t, "dp"))(tree))
     assert float(jax.jit(lambda v: lax.psum(v, "dp"))(jnp.ones(()))) == g.size  # still usable
+
+
+def test_a_refused_compiled_handler_leaves_the_python_one(mesh: Any, monkeypatch: Any) -> None:
+    """Where XLA refuses the compiled handler (an FFI version it no longer takes), the
+    registration says False, the channels are off and calls lower for the Python handler."""
+    from fcoll.xla import handler
+
+    class Refusing:
+        def register_ffi_target(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("FFI API 0.1 is too old")
+
+    compiled = channel.compiled()
+    monkeypatch.setattr(channel, "REFUSED", [])
+    assert not handler.register_compiled(Refusing(), "fcoll_test_refused", 0)
+    assert channel.REFUSED == ["RuntimeError: FFI API 0.1 is too old"]
+    assert channel.compiled() is None
+    user = mesh.group("dp")
+    aval = jax.core.ShapedArray((3,), jnp.float32)
+    assert channel.prepare("psum", user, lambda g: g, [aval], {"op": "sum"}) is channel.OFF
+    compiled.xla_setup(ctypes_address(handler), channel.told)  # the real one back
+
+
+def ctypes_address(handler: Any) -> int:
+    import ctypes
+
+    return int(ctypes.cast(handler._cpu_handler, ctypes.c_void_p).value)

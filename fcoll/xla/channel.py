@@ -44,9 +44,19 @@ _INDEX: dict[tuple[int, ...], int] = {}  # a jit group's channel, by ranks
 _GROUPS: dict[int, Group] = {}  # and back
 
 
+REFUSED: list[str] = []  # why XLA refused the compiled handler (`refuse`), if it did
+
+
+def refuse(why: str) -> None:
+    """XLA refused to register the compiled handler: the Python handler serves every call
+    from now on (`compiled` is None); ``why`` is kept in `REFUSED`."""
+    REFUSED[:] = [why]
+
+
 def compiled() -> Any:
-    """The compiled core with the handler, where this job's segments step in C; else None."""
-    if not native.running():
+    """The compiled core with the handler, where this job's segments step in C and XLA took
+    the handler; else None."""
+    if REFUSED or not native.running():
         return None
     core = native.module()
     return core if core is not None and hasattr(core, "xla_handler") else None

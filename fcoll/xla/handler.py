@@ -154,18 +154,31 @@ def register(platform: str) -> str:
     """Register the handler for ``platform`` (``cpu`` or ``cuda``) with XLA, once; returns
     the custom call's target name. On the CPU that is the compiled handler
     (`fcoll.xla.channel`) where the compiled core runs, handing this module's the calls it
-    does not serve; else this module's, through ctypes."""
+    does not serve; else, or where this jaxlib refuses it, this module's, through ctypes."""
     jax: Any = sys.modules["jax"]
     name = TARGETS[platform]
     if platform not in _REGISTERED:
         handler = _cpu_handler if platform == "cpu" else _gpu_handler
         address = ctypes.cast(handler, ctypes.c_void_p).value
-        compiled = channel.compiled() if platform == "cpu" else None
-        if compiled is not None:
-            compiled.xla_setup(address, channel.told)
-            target = compiled.xla_handler()
-        else:
-            target = jax.ffi.pycapsule(address)
-        jax.ffi.register_ffi_target(name, target, platform="cpu" if platform == "cpu" else "CUDA")
+        if platform != "cpu" or not register_compiled(jax.ffi, name, address):
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(address),
+                                        platform="cpu" if platform == "cpu" else "CUDA")
         _REGISTERED.add(platform)
     return name
+
+
+def register_compiled(ffi: Any, name: str, address: int | None) -> bool:
+    """Register the compiled handler as ``name`` on the CPU (``address``: this module's
+    handler, for the calls it hands on): True; False where the compiled core does not run
+    or ``ffi.register_ffi_target`` refuses it (the channels are then off for good:
+    `fcoll.xla.channel.refuse`)."""
+    compiled = channel.compiled()
+    if compiled is None:
+        return False
+    try:
+        compiled.xla_setup(address, channel.told)
+        ffi.register_ffi_target(name, compiled.xla_handler(), platform="cpu")
+    except Exception as error:  # e.g. an XLA that no longer takes FFI API 0.1
+        channel.refuse(f"{type(error).__name__}: {error}")
+        return False
+    return True
