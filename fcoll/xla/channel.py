@@ -15,8 +15,8 @@ Python handler (`fcoll.xla.handler`; eager calls then wait for jitted ones,
 `fcoll.xla.order`).
 
 Example:
-    >>> prepare("psum", (0, 1), [ShapedArray((4,), f32)], {"op": "sum"})
-    {'channel': 0, 'wire': 10, 'fold': 0, 'flags': 0, 'fp': ...}
+    >>> prepare("psum", g, primitives.jit_of, [ShapedArray((4,), f32)], {"op": "sum"})
+    {'channel': 0, 'wire': 10, 'fold': 0, 'flags': 0, 'fp': ...}        # g: 2 ranks, one node
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ from fcoll.xla import order
 
 OFF = {"channel": np.int64(-1)}  # the attributes of a call the Python handler serves
 TIMEOUT, MISMATCH = 1, 2  # the compiled handler's failures (STEP_TIMEOUT, STEP_MISMATCH)
+CHANNELS = 256  # the compiled handler's table (_shmxla.c): later groups take the Python handler
 _INDEX: dict[tuple[int, ...], int] = {}  # a jit group's channel, by ranks
 _GROUPS: dict[int, Group] = {}  # and back
-
-
 REFUSED: list[str] = []  # why XLA refused the compiled handler (`refuse`), if it did
 
 
@@ -86,7 +85,7 @@ def register(jit: Group, user: Group) -> int:
     seg, s = jit.shm, runtime._state
     step_core = seg.core if seg else None
     on = jit.usable and not s.checking and not s.counting and (jit.size == 1 or step_core is not None)
-    if i < 256:
+    if i < CHANNELS:
         core.xla_channel(i, step_core if on else None, jit.size if on else 0, _timeout(user))
     return i
 
@@ -98,7 +97,7 @@ def _changed() -> None:
     if not _GROUPS or compiled() is None:
         return
     for i, jit in _GROUPS.items():
-        if i < 256:
+        if i < CHANNELS:
             register(jit, order.USER_GROUPS.get(jit.ranks, jit))
     if runtime._state.checking or runtime._state.counting:
         order.arm()
@@ -108,7 +107,7 @@ def enter(jit: Group) -> None:
     """Before Python calls on ``jit``: its call number from the compiled handler's count (the
     calls it served count on the group too)."""
     i = _INDEX.get(jit.ranks)
-    if i is not None and i < 256 and compiled() is not None:
+    if i is not None and i < CHANNELS and compiled() is not None:
         jit.seq = max(jit.seq, compiled().xla_calls(i))
 
 
@@ -116,7 +115,7 @@ def leave(jit: Group, user: Group) -> None:
     """After Python used ``jit`` (its segment may have grown): tell the compiled handler
     again, with the group's call number, where it knows the channel."""
     i = _INDEX.get(jit.ranks)
-    if i is not None and i < 256 and compiled() is not None:
+    if i is not None and i < CHANNELS and compiled() is not None:
         compiled().xla_calls(i, jit.seq)
         register(jit, user)
 
@@ -133,7 +132,7 @@ def prepare(kind: str, user: Group, jit_group: Any, avals: list[Any], params: di
     jit = jit_group(user)
     i = _open(jit, user)
     dtypes = {np.dtype(a.dtype) for a in avals}
-    if kind != "psum" or i >= 256 or len(dtypes) != 1 or not _live(jit):
+    if kind != "psum" or i >= CHANNELS or len(dtypes) != 1 or not _live(jit):
         return OFF
     dtype = dtypes.pop()
     plan = reduction_plan(np.empty((0,), dtype), params["op"], user, "psum")
@@ -158,7 +157,7 @@ def _open(jit: Group, user: Group) -> int:
     rank on the duplicate makes its segment that size, so no jitted call ever grows it)."""
     known = jit.ranks in _INDEX
     i = index(jit)
-    if not known and jit.size > 1 and i < 256:
+    if not known and jit.size > 1 and i < CHANNELS:
         order.wait_for_jitted()
         enter(jit)
         all_reduce(np.zeros(CHUNK // 4, np.float32), "sum", jit)
@@ -194,7 +193,7 @@ def _records() -> list[tuple[Any, int, str, Any, float, float]]:
     names = {code: dtype for dtype, code in native.TYPES.items() if dtype != np.dtype(bool)}
     out = []
     for i, jit in _GROUPS.items():
-        if i >= 256:
+        if i >= CHANNELS:
             continue
         for seq, count, kind, start, end in core.xla_records(i):
             out.append((jit.key, seq, "psum", ("numpy", (count,), names[kind]), start, end))

@@ -1,5 +1,6 @@
-"""What runs when a jitted JAX function reaches one of fcoll's collectives: the FFI
-handler, on XLA's thread.
+"""What runs when a jitted JAX function reaches one of fcoll's collectives: the Python FFI
+handler, on XLA's thread, for the calls the compiled one (`fcoll.xla.channel`,
+fcoll/backends/_shmxla.c) hands on, or for every call where the compiled core does not run.
 
 The handler (a Python function behind a C pointer, `fcoll.xla.capi`) reads the call's
 description (the string attribute ``fcoll``: the collective, the group's global ranks,
@@ -8,9 +9,10 @@ runs `fcoll.xla.semantics` on them and copies the results into XLA's output buff
 collectives inside ``jit`` are fcoll's own, with fcoll's transports, debug checks,
 deadlines and flight record. Three rules keep that safe on another thread:
 
-- Each group gets its own duplicate communicator for jitted calls, made at the group's
-  first jitted call (collective over the group, at the same point on every rank), so their
-  messages never meet the eager calls' and their call numbers are their own.
+- Each group gets its own duplicate communicator for jitted calls (its jit channel's,
+  made where the group's first collective is lowered; else at its first jitted call,
+  collective over the group, at the same point on every rank), so their messages never
+  meet the eager calls' and their call numbers are their own.
 - The calls this module serves are serialised with eager fcoll calls (MPI runs at
   ``serialized``): once a jitted function has a collective served here, an eager call first
   waits for the jitted functions dispatched before it (`fcoll.xla.order`, JAX's effects
