@@ -103,19 +103,23 @@ def _changed() -> None:
         order.arm()
 
 
+def _known(jit: Group) -> int | None:
+    """``jit``'s channel index where the compiled handler has it, else None."""
+    i = _INDEX.get(jit.ranks)
+    return i if i is not None and i < CHANNELS and compiled() is not None else None
+
+
 def enter(jit: Group) -> None:
     """Before Python calls on ``jit``: its call number from the compiled handler's count (the
     calls it served count on the group too)."""
-    i = _INDEX.get(jit.ranks)
-    if i is not None and i < CHANNELS and compiled() is not None:
+    if (i := _known(jit)) is not None:
         jit.seq = max(jit.seq, compiled().xla_calls(i))
 
 
 def leave(jit: Group, user: Group) -> None:
     """After Python used ``jit`` (its segment may have grown): tell the compiled handler
     again, with the group's call number, where it knows the channel."""
-    i = _INDEX.get(jit.ranks)
-    if i is not None and i < CHANNELS and compiled() is not None:
+    if (i := _known(jit)) is not None:
         compiled().xla_calls(i, jit.seq)
         register(jit, user)
 
@@ -155,26 +159,24 @@ def _open(jit: Group, user: Group) -> int:
     """The channel of ``jit``, set up at the first call lowered on it (collective over the
     group: once jitted calls in flight are done, an eager all-reduce of `CHUNK` bytes per
     rank on the duplicate makes its segment that size, so no jitted call ever grows it)."""
-    known = jit.ranks in _INDEX
+    if jit.ranks in _INDEX:
+        return _INDEX[jit.ranks]
     i = index(jit)
-    if not known and jit.size > 1 and i < CHANNELS:
+    if jit.size > 1 and i < CHANNELS:
         order.wait_for_jitted()
         enter(jit)
         all_reduce(np.zeros(CHUNK // 4, np.float32), "sum", jit)
-        compiled().xla_calls(i, jit.seq)
-    if not known:
-        register(jit, user)
+    leave(jit, user)
     return i
 
 
 def told(i: int, failed: int, step: int, call: int) -> str:
     """The compiled handler's call number ``call`` on channel ``i`` failed (`TIMEOUT`, or
     `MISMATCH` at the segment's ``step``): fcoll's error for it, as the eager call raises it,
-    as its text. The channel is turned off: later calls take the Python handler, which
-    tells that the group is unusable."""
+    as its text. A timeout breaks the duplicate (`timed_out`), which turns the channel off
+    (`_changed`): later calls reach the Python handler, which says the group is unusable;
+    after a mismatch the group stays usable, as an eager call's."""
     jit = _GROUPS[i]
-    compiled().xla_channel(i, None, 0, 0.0)
-    order.arm()  # later calls take the Python handler: eager calls wait for them
     jit.seq = max(jit.seq, call)
     if failed == MISMATCH:
         error: BaseException = mismatch("psum", jit.ranks, jit.shm.announced(step))
