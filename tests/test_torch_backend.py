@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from functools import reduce
 
 import numpy as np
@@ -250,8 +251,8 @@ def test_object_collectives(pg: PG) -> None:
 
 def test_async_work_and_future(pg: PG) -> None:
     t = t32([pg.rank + 1.0])
-    w = dist.all_reduce(t, group=pg.pg, async_op=True)
-    assert w.is_completed() and w.wait()
+    w = dist.all_reduce(t, group=pg.pg, async_op=True)  # queued on the engine
+    assert w.wait() and w.is_completed() and w.is_success() and w.exception() is None
     fut = w.get_future().then(lambda f: f.value()[0] * 2)
     assert fut.wait().item() == pg.size * (pg.size + 1)
 
@@ -260,8 +261,11 @@ def test_monitored_barrier(pg: PG) -> None:
     import fcoll.torch as ft
 
     ft.monitored_barrier(pg.pg, timeout=datetime.timedelta(seconds=60))
-    with pytest.raises(ValueError, match="GLOO"):
-        dist.monitored_barrier(pg.pg)  # torch's own accepts gloo groups only (2.13, 2.14 alike)
+    # torch's own accepts gloo groups only (2.13, 2.14 alike): fcoll.torch puts its own in place
+    dist.monitored_barrier(pg.pg, timeout=datetime.timedelta(seconds=60), wait_all_ranks=True)
+    dist.monitored_barrier(pg.pg, 30.0)  # seconds, as torch takes them (with a warning)
+    with pytest.raises(dist.DistBackendError, match=f"Rank {pg.rank} timed out in monitoredBarrier"):
+        dist.monitored_barrier(pg.pg, datetime.timedelta(seconds=0))  # raises before sending
 
 
 def test_wrong_outputs_raise_before_sending(pg: PG) -> None:
@@ -285,9 +289,11 @@ def test_timeout_is_the_deadline() -> None:
     n, r = dist.get_world_size(), dist.get_rank()
     g = dist.new_group(timeout=datetime.timedelta(seconds=1))
     assert g.fcoll_group.timeout == 1.0 and dist.get_backend(g) == "fcoll"
-    if n > 1 and r > 0:  # rank 0 never joins
-        with pytest.raises(fc.CollectiveTimeoutError, match="1 s deadline"):
+    if n > 1 and r > 0:  # rank 0 never joins: torch's error, in torch's words
+        with pytest.raises(dist.DistBackendError, match=rf"\[fcoll\] all_reduce on group ranks "
+                           rf"{re.escape(str(list(range(n))))} Timed out after 1 s \(call #\d+\): .*1 s deadline") as e:
             dist.all_reduce(torch.ones(1), group=g)
+        assert isinstance(e.value.__cause__, fc.CollectiveTimeoutError)
     dist.destroy_process_group(g)
     dist.barrier()
 

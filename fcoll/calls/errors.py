@@ -31,6 +31,10 @@ class CollectiveTimeoutError(TimeoutError):
     """
 
     flight_record: str = ""
+    op: str = ""  # the operation, the group's ranks, the deadline and the call's number
+    ranks: tuple[int, ...] = ()
+    seconds: float = 0.0
+    seq: int = 0
 
 
 class CollectiveMismatchError(ValueError):
@@ -96,6 +100,7 @@ def timed_out(fn: str, group: Any, seconds: float, seq: int) -> CollectiveTimeou
     error = CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}; some rank did not make the matching "
         "call, or died. The group is now unusable; fcoll.abort() ends the job")
+    error.op, error.ranks, error.seconds, error.seq = fn, tuple(group.ranks), seconds, seq
     if flight.RING:  # every rank's last calls, side by side (printed by the lowest rank)
         error.flight_record = flight_report.collect(
             f"{fn} missed its deadline on group {list(group.ranks)}", REPORT_SECONDS)
@@ -125,6 +130,7 @@ def check_notices(call: Any) -> None:
     error = CollectiveTimeoutError(
         f"{reason} on group ranks {list(group.ranks)}. The group is now unusable; "
         "fcoll.abort() ends the job")
+    error.op, error.ranks, error.seconds, error.seq = call.fn, tuple(group.ranks), seconds, group.seq
     if flight.RING:
         error.flight_record = flight_report.collect(
             f"{call.fn}: rank {rank} gave up on group {list(group.ranks)}", REPORT_SECONDS)

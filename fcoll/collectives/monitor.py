@@ -22,6 +22,25 @@ from fcoll.runtime import Timeout, to_seconds
 _OK, _FAILED = 1, 0
 
 
+class MonitoredBarrierError(RuntimeError):
+    """`monitored_barrier` failed on this rank: ``late`` holds the group ranks that did not
+    arrive (on group rank 0), ``kind`` says which failure (``"late"``: some rank did not
+    arrive, on rank 0; ``"no verdict"``: rank 0 sent none in time; ``"failed"``: rank 0
+    reported a failure), ``seconds`` the timeout. Its text is fcoll's; the torch backend
+    words it as gloo does (`fcoll.torch`).
+
+    Example:
+        >>> try: fc.monitored_barrier(timeout=1)       # rank 0; rank 1 never comes
+        ... except MonitoredBarrierError as e: e.late
+        [1]
+    """
+
+    def __init__(self, text: str, kind: str, rank: int, seconds: float,
+                 late: list[int] | None = None) -> None:
+        super().__init__(text)
+        self.kind, self.rank, self.seconds, self.late = kind, rank, seconds, late or []
+
+
 def _poll(requests: dict[int, Any], seconds: float, wait_all: bool,
           accept: Any = None) -> list[int]:
     """Wait until every request completes (and ``accept(rank)`` agrees), or the deadline
@@ -85,8 +104,9 @@ def _gather_reports(g: Group, call: Call, tag: int, seconds: float, wait_all: bo
     for rank in arrived:
         call.comm.Isend([verdict, BYTE], rank, tag + 1).Wait()
     if late:
-        raise RuntimeError(f"{_names(late)} failed to pass monitored_barrier in {seconds:g} s "
-                           f"(group ranks {list(g.ranks)})")
+        raise MonitoredBarrierError(f"{_names(late)} failed to pass monitored_barrier in "
+                                    f"{seconds:g} s (group ranks {list(g.ranks)})",
+                                    "late", 0, seconds, late)
 
 
 def _report(g: Group, call: Call, tag: int, seconds: float) -> None:
@@ -96,9 +116,11 @@ def _report(g: Group, call: Call, tag: int, seconds: float) -> None:
     if _poll({0: receive}, seconds * 2, True):
         receive.Cancel()
         send.Cancel()
-        raise RuntimeError(f"Rank {g.rank} timed out in monitored_barrier: rank 0 sent no "
-                           f"verdict within {2 * seconds:g} s")
+        raise MonitoredBarrierError(f"Rank {g.rank} timed out in monitored_barrier: rank 0 "
+                                    f"sent no verdict within {2 * seconds:g} s", "no verdict",
+                                    g.rank, seconds)
     send.Wait()
     if verdict[0] != _OK:
-        raise RuntimeError(f"Rank {g.rank}: rank 0 reported a failure in monitored_barrier "
-                           "(some rank did not arrive in time); see rank 0's error")
+        raise MonitoredBarrierError(f"Rank {g.rank}: rank 0 reported a failure in "
+                                    "monitored_barrier (some rank did not arrive in time); see "
+                                    "rank 0's error", "failed", g.rank, seconds)

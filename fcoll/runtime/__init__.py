@@ -37,8 +37,10 @@ class _State:
     timeout: float | None = None
     debug: str = "off"
     checking: bool = False  # debug != "off": collectives call fcoll.groups.detail.checked
-    # Run before every eager call once jitted JAX functions have collectives: waits for
-    # those dispatched before it (fcoll.xla.handler.wait_for_jitted). None: no such wait.
+    # Run before every eager call while work issued earlier may still be running on another
+    # thread: jitted JAX functions' collectives (fcoll.xla.order.wait_for_jitted), the
+    # torch backend's engine (fcoll.calls.engine). None: no such wait. Set through
+    # add_before_call / remove_before_call, which compose several.
     before_call: Callable[[], None] | None = None
     counting: bool = False  # fcoll.debug.traffic is open: no fast paths (fcoll.calls.traffic)
 
@@ -277,6 +279,42 @@ _LISTENERS: list[Callable[[], None]] = []
 def on_change(listener: Callable[[], None]) -> None:
     """Call ``listener()`` whenever the settings change or a group breaks (see `changed`)."""
     _LISTENERS.append(listener)
+
+
+_BEFORE: list[Callable[[], None]] = []  # the waits composed into _state.before_call
+
+
+def _run_before() -> None:
+    for wait in tuple(_BEFORE):
+        wait()
+
+
+def add_before_call(wait: Callable[[], None]) -> None:
+    """Run ``wait()`` before every eager call from now on (once, however often added): for
+    work another thread runs that eager calls must follow (see `_State.before_call`). The
+    default group's fast paths are dropped while any is set.
+
+    Example:
+        >>> add_before_call(engine.drain)     # fc.all_reduce now waits for the engine first
+    """
+    if wait in _BEFORE:
+        return
+    _BEFORE.append(wait)
+    _state.before_call = _BEFORE[0] if len(_BEFORE) == 1 else _run_before
+    changed()
+
+
+def remove_before_call(wait: Callable[[], None]) -> None:
+    """Undo `add_before_call` (nothing if ``wait`` is not set).
+
+    Example:
+        >>> remove_before_call(engine.drain)
+    """
+    if wait not in _BEFORE:
+        return
+    _BEFORE.remove(wait)
+    _state.before_call = None if not _BEFORE else _BEFORE[0] if len(_BEFORE) == 1 else _run_before
+    changed()
 
 
 def changed() -> None:

@@ -3,7 +3,8 @@
 The coalesced forms are what torch's ``_coalescing_manager`` (and FSDP) call with several
 tensors at once: `allreduce_coalesced` fuses them into one fcoll call per dtype; the
 all-gathers and reduce-scatters run one fcoll call per pair of tensors, each writing its
-output in place. ``send``/``recv`` start fcoll's `isend`/`irecv` and return work in flight
+output in place, all in one job (`fcoll.torch.work.issue`). ``send``/``recv`` start fcoll's
+`isend`/`irecv` at once (after the engine's queued jobs) and return work in flight
 (`FcollWork`): a blocking send could deadlock a ring of ``batch_isend_irecv``.
 
 Example:
@@ -18,10 +19,11 @@ from typing import Any
 import torch
 
 from fcoll import collectives
+from fcoll.calls.engine import ENGINE
 from fcoll.groups.group import Group
 from fcoll.torch._collectives import _op
 from fcoll.torch._convert import check_like, check_list, one, put, view
-from fcoll.torch.work import FcollWork, done
+from fcoll.torch.work import FcollWork, done, issue
 
 
 def _land(t: torch.Tensor, fn: str) -> Any:
@@ -45,19 +47,22 @@ class Coalesced:
         """``dist.all_reduce_coalesced``: each tensor reduced in place, in one fused call per dtype."""
         fn = "all_reduce_coalesced"
         views = [view(t, fn, f"tensors[{i}]") for i, t in enumerate(tensors)]
-        if views:
-            for t, y in zip(tensors, collectives.all_reduce_coalesced(views, _op(opts, fn), self.fcoll_group),
-                            strict=True):
-                put(t, y)
-        return done(tensors)
+        op, g = _op(opts, fn), self.fcoll_group
+
+        def run() -> None:
+            if views:
+                for t, y in zip(tensors, collectives.all_reduce_coalesced(views, op, g), strict=True):
+                    put(t, y)
+
+        return issue(run, tensors)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], tensors: list[torch.Tensor],
                                     opts: Any = None) -> FcollWork:
         """`all_gather_single` of each pair ``(outputs[i], tensors[i])``."""
         self._check_pairs(outputs, tensors, "all_gather_into_tensor_coalesced", "outputs")
-        for output, t in zip(outputs, tensors, strict=True):
-            self.all_gather_single(output, t, opts)  # type: ignore[attr-defined]
-        return done(outputs)
+        runs = [self._all_gather_single(o, t)  # type: ignore[attr-defined]
+                for o, t in zip(outputs, tensors, strict=True)]
+        return issue(lambda: [run() for run in runs], outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # the name before torch 2.13
 
@@ -65,9 +70,9 @@ class Coalesced:
                                         tensors: list[torch.Tensor], opts: Any = None) -> FcollWork:
         """`reduce_scatter_single` of each pair ``(outputs[i], tensors[i])``."""
         self._check_pairs(tensors, outputs, "reduce_scatter_tensor_coalesced", "inputs")
-        for output, t in zip(outputs, tensors, strict=True):
-            self.reduce_scatter_single(output, t, opts)  # type: ignore[attr-defined]
-        return done(outputs)
+        runs = [self._reduce_scatter_single(o, t, opts)  # type: ignore[attr-defined]
+                for o, t in zip(outputs, tensors, strict=True)]
+        return issue(lambda: [run() for run in runs], outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # before torch 2.13
 
@@ -90,17 +95,27 @@ class Coalesced:
             for i, (o, t) in enumerate(zip(outs, tensors, strict=True)):
                 check_like(o, t, fn, f"output_tensor_lists[{r}][{i}]", o.numel() if r != g.rank
                            else t.numel())
-        for i, t in enumerate(tensors):
-            for r, y in enumerate(collectives.all_gather(view(t, fn, f"input_tensor_list[{i}]"), g)):
-                put(output_lists[r][i], y)
-        return done([o for outs in output_lists for o in outs])
+        views = [view(t, fn, f"input_tensor_list[{i}]") for i, t in enumerate(tensors)]
+
+        def run() -> None:
+            for i, x in enumerate(views):
+                for r, y in enumerate(collectives.all_gather(x, g)):
+                    put(output_lists[r][i], y)
+
+        return issue(run, [o for outs in output_lists for o in outs])
 
     def _start_coalescing(self, device: Any = None) -> None:
-        """Nothing to start: each call inside torch's coalescing manager runs at once."""
+        """Nothing to start: each call inside torch's coalescing manager is issued at once."""
 
     def _end_coalescing(self, device: Any = None) -> FcollWork:
-        """The finished work of the calls made since `_start_coalescing`."""
-        return done([])
+        """The work of the calls made since `_start_coalescing`: done when the latest job
+        issued is (the engine runs them in order)."""
+        last = ENGINE.last
+        if last is None or last.finished:
+            return done([])
+        work = FcollWork([])
+        work._job = last
+        return work
 
     start_coalescing = _start_coalescing  # the names torch's C++ side looks up
     end_coalescing = _end_coalescing
@@ -108,14 +123,15 @@ class Coalesced:
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> FcollWork:
         """``dist.send``/``isend``: ``tensors[0]`` to group rank ``dst`` (work in flight)."""
         t = one(tensors, "send")
-        return FcollWork([t], collectives.isend(view(t, "send", "tensor"), dst, self.fcoll_group, tag))
+        x, g = view(t, "send", "tensor"), self.fcoll_group
+        return FcollWork([t], ENGINE.inline(lambda: collectives.isend(x, dst, g, tag)))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> FcollWork:
         """``dist.recv``/``irecv``: ``tensors[0]`` gets group rank ``src``'s message on `wait`."""
-        t = one(tensors, "recv")
-        return FcollWork([t], collectives.irecv(src, self.fcoll_group, tag), _land(t, "recv"))
+        t, g = one(tensors, "recv"), self.fcoll_group
+        return FcollWork([t], ENGINE.inline(lambda: collectives.irecv(src, g, tag)), _land(t, "recv"))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FcollWork:
         """``dist.recv(src=None)``: from any rank; the work's ``_source_rank()`` names it."""
-        t = one(tensors, "recv")
-        return FcollWork([t], collectives.irecv(None, self.fcoll_group, tag), _land(t, "recv"))
+        t, g = one(tensors, "recv"), self.fcoll_group
+        return FcollWork([t], ENGINE.inline(lambda: collectives.irecv(None, g, tag)), _land(t, "recv"))

@@ -198,16 +198,29 @@ def create(opts: Any, pg_options: Any = None) -> ProcessGroupFcoll:
     return ProcessGroupFcoll(group, owned)
 
 
-def monitored_barrier(group: Any = None, timeout: datetime.timedelta | None = None,
+# torch's own dist.monitored_barrier (before `fcoll.torch.plugin.register` puts
+# `monitored_barrier` in its place): it accepts only gloo's groups.
+_TORCH_MONITORED_BARRIER = dist.distributed_c10d.monitored_barrier
+
+
+def monitored_barrier(group: Any = None, timeout: datetime.timedelta | float | None = None,
                       wait_all_ranks: bool = False) -> None:
-    """``dist.monitored_barrier`` for "fcoll" groups (torch's accepts only gloo's): a barrier
-    that raises on group rank 0, naming the ranks that did not arrive within ``timeout``.
+    """``dist.monitored_barrier`` that also takes "fcoll" groups (torch's own takes only
+    gloo's, by name; ``import fcoll.torch`` puts this one in its place, and it hands other
+    groups to torch's): a barrier that raises on group rank 0, naming the ranks that did
+    not arrive within ``timeout``, in gloo's words. A process outside ``group`` returns.
 
     Example:
-        >>> fcoll.torch.monitored_barrier(timeout=datetime.timedelta(seconds=10))  # every rank
+        >>> dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))  # every rank
     """
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if isinstance(pg, ProcessGroupFcoll):
-        pg.monitored_barrier(timeout, wait_all_ranks)
-    else:
-        dist.monitored_barrier(group, timeout, wait_all_ranks=wait_all_ranks)
+    dc = dist.distributed_c10d
+    if group is not None and dc._rank_not_in_group(group):
+        _TORCH_MONITORED_BARRIER(group, timeout, wait_all_ranks=wait_all_ranks)  # warns
+        return
+    pg = group if group is not None else dc._get_default_group()
+    if not isinstance(pg, ProcessGroupFcoll):
+        _TORCH_MONITORED_BARRIER(group, timeout, wait_all_ranks=wait_all_ranks)
+        return
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    pg.monitored_barrier(timeout, wait_all_ranks)

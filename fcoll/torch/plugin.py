@@ -3,6 +3,7 @@
 `register` (run by ``import fcoll.torch``, and by torch 2.14's ``torch.distributed.backends``
 entry point without that import, which torch 2.14.1 loads after its rendezvous: so the
 ``env://`` fallback below needs the import) registers the backend for CPU and CUDA tensors,
+puts `fcoll.torch.backend.monitored_barrier` in place of ``dist.monitored_barrier``,
 the rendezvous ``fcoll://``, and a fallback for torch's default ``env://``:
 
 - ``fcoll://`` takes rank and world size from MPI (``mpiexec``, ``srun``: no variable to
@@ -37,7 +38,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from fcoll import collectives
 from fcoll.groups.group import world as world_group
-from fcoll.torch.backend import NAME, create
+from fcoll.torch.backend import NAME, create, monitored_barrier
 
 # The module (torch.distributed.rendezvous the attribute is its function of that name).
 torch_rendezvous: Any = import_module("torch.distributed.rendezvous")
@@ -62,6 +63,10 @@ def register() -> None:
     env = handlers.get("env")
     if env is not None and not getattr(env, "fcoll_fallback", False):
         handlers["env"] = _env_or_mpi(env)
+    # torch's monitored_barrier refuses every backend but gloo by name: this one takes
+    # "fcoll" groups too and hands the others to torch's.
+    dist.monitored_barrier = monitored_barrier
+    dist.distributed_c10d.monitored_barrier = monitored_barrier
 
 
 def _query(url: str) -> dict[str, int]:

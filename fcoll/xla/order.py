@@ -36,9 +36,7 @@ def arm() -> None:
     """Make eager calls wait for jitted ones (`wait_for_jitted`) from now on: called when a
     collective the Python handler serves is lowered. The default group's fast paths are
     dropped (they would skip the wait)."""
-    if runtime._state.before_call is None:
-        runtime._state.before_call = wait_for_jitted
-        runtime.changed()
+    runtime.add_before_call(wait_for_jitted)
 
 
 def disarm() -> None:
@@ -50,7 +48,6 @@ def disarm() -> None:
         >>> step(params)                  # jitted, with collectives inside
         >>> disarm()                      # then eager calls only: 8 B back to ~1.4 us
     """
-    if runtime._state.before_call is not None:
+    if wait_for_jitted in runtime._BEFORE:
         wait_for_jitted()
-        runtime._state.before_call = None
-        runtime.changed()
+        runtime.remove_before_call(wait_for_jitted)
