@@ -13,9 +13,16 @@ measurements:
   split over the ranks, SGD with momentum, ``--bucket-cap-mb`` buckets) with
   ``DistributedDataParallel`` over each group, step by step in turns; each step timed
   between barriers as the slowest rank's time, the ratio paired per step, and the largest
-  difference between the two copies' final parameters.
+  difference between the two copies' final parameters. Four variants: gloo, fcoll (the
+  engine runs the buckets' all-reduces while backward goes on), "inline" (fcoll with the
+  engine off: each bucket all-reduced inside DDP's hook, as before issue 41) and "local"
+  (the model without DDP: the step's computation). ``comm`` = inline - local is the
+  communication a step waits for without overlap, ``hidden`` = inline - fcoll the part the
+  engine hides (medians of per-step differences);
+- an FSDP2 step (``fully_shard`` per linear layer) on gloo, fcoll and fcoll inline.
 
-One thread per rank. Rows are appended to ``--csv``; ``--plot PNG`` draws the latest rows.
+``--busy K`` starts K processes that keep a core busy beside the job (the outside load of a
+shared machine). One thread per rank (``torch.set_num_threads(1)``). Rows are appended to ``--csv``; ``--plot PNG`` draws the latest rows.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import fcoll as fc
 import fcoll.torch
+from fcoll.torch import work
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -77,33 +86,115 @@ def all_reduce_row(nbytes: int, groups: dict[str, Any], reps: int, rounds: int) 
     return row
 
 
-def ddp_row(hidden: int, steps: int, warmup: int, batch: int, cap: float,
-            groups: dict[str, Any]) -> dict[str, object]:
-    """DDP over each group on the same model and batches, step by step in turns."""
-    r, n = dist.get_rank(), dist.get_world_size()
-    nets = {name: DistributedDataParallel(make_model(FEATURES, hidden, CLASSES, seed=0),
-                                          process_group=pg, bucket_cap_mb=cap)
-            for name, pg in groups.items()}
-    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in nets.items()}
-    times: dict[str, list[float]] = {name: [] for name in nets}
-    per = batch // n
-    for i, (x, y) in enumerate(batches(warmup + steps, batch)):
-        xs, ys = x[r * per : (r + 1) * per], y[r * per : (r + 1) * per]
-        order = list(nets)
-        for name in order[i % 2 :] + order[: i % 2]:
-            seconds = slowest(lambda name=name, xs=xs, ys=ys: ddp_step(nets[name], opts[name], xs, ys))
+def _stepper(name: str, step: Callable[[], object]) -> Callable[[], object]:
+    """``step`` as the variant ``name`` runs it: "inline" with the engine off (every
+    collective in the calling thread, as before the engine), the others as they are."""
+    if name != "inline":
+        return step
+
+    def inline() -> object:
+        work.DEFER = False
+        try:
+            return step()
+        finally:
+            work.DEFER = True
+
+    return inline
+
+
+def _in_turns(steps: dict[str, Callable[[int], object]], count: int, warmup: int) -> dict[str, list[float]]:
+    """Each variant's step ``count`` times, in turns (a different one first each time),
+    timed on the slowest rank; the first ``warmup`` left out."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for i in range(warmup + count):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            seconds = slowest(lambda name=name, i=i: _stepper(name, lambda: steps[name](i))())
             if i >= warmup:
                 times[name].append(seconds)
-    diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
-               zip(nets["fcoll"].parameters(), nets["gloo"].parameters(), strict=True))
-    row: dict[str, object] = {"kind": "ddp", "n": n, "hidden": hidden,
-                              "params": sum(p.numel() for p in nets["gloo"].parameters())}
+    return times
+
+
+def _summary(row: dict[str, object], times: dict[str, list[float]]) -> dict[str, object]:
+    """Medians per variant, the paired ratios to gloo, and what the engine hid: the
+    communication of a step (inline - local) and the part of it no longer waited for
+    (inline - fcoll), per step."""
     for name, values in times.items():
         row[f"{name}_ms"] = round(statistics.median(values) * 1e3, 2)
-    row["ratio"] = round(statistics.median(a / b for a, b in
-                                           zip(times["fcoll"], times["gloo"], strict=True)), 3)
+    pairs = {name: statistics.median(a / b for a, b in zip(times[name], times["gloo"], strict=True))
+             for name in ("fcoll", "inline")}
+    row["ratio"], row["inline_ratio"] = round(pairs["fcoll"], 3), round(pairs["inline"], 3)
+    if "local" in times:
+        row["comm_ms"] = round(statistics.median(
+            a - b for a, b in zip(times["inline"], times["local"], strict=True)) * 1e3, 2)
+    row["hidden_ms"] = round(statistics.median(
+        a - b for a, b in zip(times["inline"], times["fcoll"], strict=True)) * 1e3, 2)
+    return row
+
+
+def ddp_row(hidden: int, steps: int, warmup: int, batch: int, cap: float,
+            groups: dict[str, Any], busy: int) -> dict[str, object]:
+    """DDP over each group on the same model and batches, step by step in turns: on gloo,
+    on fcoll with the engine ("fcoll"), on fcoll with every call inline ("inline"), and
+    the model alone without DDP ("local": the step's computation)."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    pgs = {"gloo": groups["gloo"], "fcoll": groups["fcoll"], "inline": groups["fcoll"]}
+    nets: dict[str, torch.nn.Module] = {
+        name: DistributedDataParallel(make_model(FEATURES, hidden, CLASSES, seed=0),
+                                      process_group=pg, bucket_cap_mb=cap)
+        for name, pg in pgs.items()}
+    nets["local"] = make_model(FEATURES, hidden, CLASSES, seed=0)
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in nets.items()}
+    per = batch // n
+    data = [(x[r * per : (r + 1) * per], y[r * per : (r + 1) * per])
+            for x, y in batches(warmup + steps, batch)]
+    times = _in_turns({name: (lambda i, name=name: ddp_step(nets[name], opts[name], *data[i]))
+                       for name in nets}, steps, warmup)
+    diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
+               zip(nets["fcoll"].parameters(), nets["gloo"].parameters(), strict=True))
+    row: dict[str, object] = {"kind": "ddp", "n": n, "hidden": hidden, "busy": busy,
+                              "params": sum(p.numel() for p in nets["local"].parameters())}
+    row = _summary(row, times)
     row["max_abs_diff"] = float(fc.all_reduce(np.array([diff]), "max")[0])
     return row
+
+
+def fsdp_row(hidden: int, steps: int, warmup: int, batch: int, groups: dict[str, Any],
+             busy: int) -> dict[str, object]:
+    """An FSDP2 step (``fully_shard`` per linear layer and the model) over each group, in
+    turns: gloo, fcoll with the engine, fcoll inline."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    pgs = {"gloo": groups["gloo"], "fcoll": groups["fcoll"], "inline": groups["fcoll"]}
+    models: dict[str, torch.nn.Module] = {}
+    for name, pg in pgs.items():
+        mesh = DeviceMesh.from_group(pg, "cpu")
+        model = make_model(FEATURES, hidden, CLASSES, seed=0)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        models[name] = fully_shard(model, mesh=mesh)
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in models.items()}
+    per = batch // n
+    data = [(x[r * per : (r + 1) * per], y[r * per : (r + 1) * per])
+            for x, y in batches(warmup + steps, batch)]
+    times = _in_turns({name: (lambda i, name=name: ddp_step(models[name], opts[name], *data[i]))
+                       for name in models}, steps, warmup)
+    row: dict[str, object] = {"kind": "fsdp2", "n": n, "hidden": hidden, "busy": busy,
+                              "params": sum(p.numel() for p in make_model(FEATURES, hidden, CLASSES,
+                                                                          seed=0).parameters())}
+    return _summary(row, times)
+
+
+def busy_processes(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` processes that each keep a core busy (rank 0 starts them): the outside
+    load of a shared machine."""
+    if count <= 0 or dist.get_rank() != 0:
+        return []
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
 def plot(rows_csv: Path, out: Path) -> None:
@@ -146,13 +237,17 @@ def report(rows: list[dict[str, object]]) -> None:
     for row in (r for r in rows if r["kind"] == "all_reduce"):
         print(f"| {row['n']} | {human(int(str(row['bytes'])))} | {row['gloo_us']} | "
               f"{row['fcoll_us']} | {row['ratio']:.2f} |")
-    print("\n| n | parameters | DDP on gloo ms/step | DDP on fcoll ms/step | fcoll / gloo "
-          "| final parameters |\n|---:|---:|---:|---:|---:|---|")
-    for row in (r for r in rows if r["kind"] == "ddp"):
-        same = "bit-identical" if row["max_abs_diff"] == 0.0 else \
-            f"max abs diff {float(str(row['max_abs_diff'])):.1e}"
-        print(f"| {row['n']} | {int(str(row['params'])) / 1e6:.2f} M | {row['gloo_ms']} | "
-              f"{row['fcoll_ms']} | {row['ratio']:.2f} | {same} |")
+    print("\n| step | n | busy | parameters | gloo ms | fcoll ms | inline ms | fcoll / gloo "
+          "| inline / gloo | comm ms | hidden ms | final parameters |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for row in (r for r in rows if r["kind"] in ("ddp", "fsdp2")):
+        diff = row.get("max_abs_diff", "")
+        same = "" if diff == "" else "bit-identical" if diff == 0.0 else \
+            f"max abs diff {float(str(diff)):.1e}"
+        print(f"| {row['kind']} | {row['n']} | {row['busy']} | {int(str(row['params'])) / 1e6:.2f} M "
+              f"| {row['gloo_ms']} | {row['fcoll_ms']} | {row['inline_ms']} | {row['ratio']:.2f} "
+              f"| {row['inline_ratio']:.2f} | {row.get('comm_ms', '')} | {row['hidden_ms']} "
+              f"| {same} |")
 
 
 def main() -> None:
@@ -165,6 +260,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--bucket-cap-mb", type=float, default=25)
+    parser.add_argument("--fsdp-hidden", type=int, nargs="*", default=[1024])
+    parser.add_argument("--busy", type=int, default=0,
+                        help="processes that keep a core busy beside the job (rank 0 starts them)")
     parser.add_argument("--csv", type=Path, default=ROOT / "bench" / "results" / "torch_backend.csv")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="only draw --csv into PNG")
     args = parser.parse_args()
@@ -176,9 +274,16 @@ def main() -> None:
     if len(set(fc.all_gather_object(os.uname().nodename))) == 1:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     groups = {"fcoll": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    rows = [all_reduce_row(parse_size(s), groups, args.reps, args.rounds) for s in args.sizes]
-    rows += [ddp_row(h, args.steps, args.warmup, args.batch, args.bucket_cap_mb, groups)
-             for h in args.hidden]
+    busy = busy_processes(args.busy)
+    try:
+        rows = [all_reduce_row(parse_size(s), groups, args.reps, args.rounds) for s in args.sizes]
+        rows += [ddp_row(h, args.steps, args.warmup, args.batch, args.bucket_cap_mb, groups,
+                         args.busy) for h in args.hidden]
+        rows += [fsdp_row(h, args.steps, args.warmup, args.batch, groups, args.busy)
+                 for h in args.fsdp_hidden]
+    finally:
+        for p in busy:
+            p.kill()
     dist.destroy_process_group()
     if fc.get_rank() == 0:
         report(rows)

@@ -11,6 +11,9 @@
 #                    exact repeats). FCOLL_SHM_PASS=0 skips them
 #   jax-0.9.2        the jitted tests at world sizes 1 and 2 on the oldest JAX fcoll supports
 #                    (the venv has the newest; FCOLL_JAX_OLDEST_PASS=0 skips them)
+#   torch-suite      torch's own DistributedTest base on the backend "fcoll" at 2, 3 and 4:
+#                    every test that passes on gloo must pass (scripts/torch_suite.py;
+#                    FCOLL_TORCH_SUITE_PASS=0 skips it)
 #   sanitize         the compiled core under AddressSanitizer and UBSan: its own tests, the
 #                    segment tests at one world size, the stress job (scripts/sanitize.sh;
 #                    FCOLL_SANITIZE_PASS=0 skips it)
@@ -125,6 +128,24 @@ sys.exit(jax.__version__ != '$jax_oldest')" || return 1
 }
 if [ "${FCOLL_JAX_OLDEST_PASS:-1}" != 0 ] && [ "$mpi" = mpich ] && "$PY" -c "import jax" 2>/dev/null; then
   stage "jax-$jax_oldest" jax_oldest_pass "$@"
+  judge $?
+fi
+# torch's own distributed test base (DistributedTest._DistTestBase) on the backend "fcoll", at
+# each world size but 1: every test that passes on gloo on CPU (tests/torch_suite_gloo.json,
+# from scripts/torch_suite.py --backend gloo) must pass (FCOLL_TORCH_SUITE_PASS=0 skips it;
+# a run narrowed by pytest arguments leaves it out).
+torch_suite_pass() {
+  local rc=0 n
+  for n in $sizes; do
+    [ "$n" != 1 ] || continue
+    MPIEXEC_TIMEOUT=$limit fcoll_mpiexec "$n" "$PY" "$here/torch_suite.py" --backend fcoll \
+      --expect "$root/tests/torch_suite_gloo.json" || rc=1
+  done
+  return $rc
+}
+if [ "${FCOLL_TORCH_SUITE_PASS:-1}" != 0 ] && [ "$mpi" = mpich ] && [ "$narrowed" = 0 ] \
+    && "$PY" -c "import torch, expecttest" 2>/dev/null; then
+  stage torch-suite torch_suite_pass
   judge $?
 fi
 if [ "${FCOLL_SANITIZE_PASS:-1}" != 0 ] && [ "$mpi" = mpich ]; then

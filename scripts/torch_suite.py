@@ -51,6 +51,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("-k", dest="keyword", default="", help="only tests whose name has this")
     p.add_argument("--tests", default="", help="a file of test names, one per line")
     p.add_argument("--out", default="", help="the JSON results (rank 0)")
+    p.add_argument("--expect", default="",
+                   help="JSON of the tests that must pass per world size (tests/torch_suite_gloo.json)")
     p.add_argument("--test-timeout", type=float, default=300.0)
     return p.parse_args()
 
@@ -206,8 +208,19 @@ def main() -> int:
             with open(args.out, "w") as f:
                 json.dump({"backend": args.backend, "size": comm.size, "tests": results}, f,
                           indent=1, sort_keys=True)
-        return 1 if count["fail"] else 0
+        missing = _missing(args.expect, comm.size, results) if args.expect else []
+        if missing:
+            print(f"{len(missing)} tests that pass on gloo at n = {comm.size} did not pass: "
+                  + ", ".join(missing), flush=True)
+        return 1 if count["fail"] or missing else 0
     return 0
+
+
+def _missing(path: str, size: int, results: dict[str, dict[str, Any]]) -> list[str]:
+    """The tests ``path`` lists as passing at ``size`` that did not pass here (run or not)."""
+    with open(path) as f:
+        expected = json.load(f)["pass"].get(str(size), [])
+    return [name for name in expected if results.get(name, {}).get("result") != "pass"]
 
 
 if __name__ == "__main__":

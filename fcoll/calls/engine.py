@@ -12,7 +12,8 @@ a time, in the order jobs were issued, whichever thread runs it: MPI stays at
 ``MPI_THREAD_SERIALIZED`` and the groups' call state (`fcoll.calls.work.Call`) is never
 shared between threads. A job's ``done`` callback runs after the job, outside that
 exclusion: it may submit and wait for more jobs (torch's ``Future.then`` callbacks, comm
-hooks that call collectives).
+hooks that call collectives). Before it runs the callback, the thread makes sure another
+engine thread is free (`Engine._spare`): a callback may block on a later job's future.
 
 While jobs are queued or running, fcoll's own eager calls from other threads first wait
 for them (`drain`, through `fcoll.runtime.add_before_call`), so they follow the work issued
@@ -38,10 +39,13 @@ from typing import Any
 from fcoll import runtime
 from fcoll.runtime import finalize
 
+MAX_IDLE = 2  # engine threads kept waiting for jobs (one runs callbacks while another is free)
+
 
 class Job:
     """One deferred collective: ``run()`` gives ``value`` or raises ``error``; ``done(job)``
-    runs once after it, in the thread that ran it.
+    runs once after it, in the thread that ran it. ``first``: issued from a job's callback,
+    so it runs before the jobs the other threads issued (see `Engine`).
 
     Example:
         >>> job = Job(lambda: 42)
@@ -49,13 +53,14 @@ class Job:
         42
     """
 
-    __slots__ = ("done", "error", "finished", "run", "value")
+    __slots__ = ("done", "error", "finished", "first", "run", "value")
 
     def __init__(self, run: Callable[[], Any], done: Callable[[Job], None] | None = None) -> None:
         self.run, self.done = run, done
         self.value: Any = None
         self.error: BaseException | None = None
         self.finished = False
+        self.first = False
 
     def result(self) -> Any:
         """``value``, or ``error`` raised (after the job finished)."""
@@ -65,7 +70,14 @@ class Job:
 
 
 class Engine:
-    """The queue of deferred jobs and the thread that runs them (one per process: `ENGINE`).
+    """The queue of deferred jobs and the threads that run them (one per process: `ENGINE`).
+
+    One job runs at a time, in issue order. While a job's callbacks run (``done``: torch's
+    ``Future.then`` callbacks), no job issued by another thread starts; the jobs the
+    callbacks issue run first, in the order issued. So a comm hook that issues collectives
+    from its callbacks (PowerSGD) makes the same sequence of calls on every rank, whatever
+    the threads' timing: bucket 1, its hook's calls, bucket 2, ... A callback must not wait
+    for work that another thread issued after its job.
 
     Example:
         >>> ENGINE.inline(lambda: fc.barrier())        # at once, in this thread, when idle
@@ -74,23 +86,32 @@ class Engine:
     def __init__(self) -> None:
         self._cv = threading.Condition(threading.Lock())
         self._queue: deque[Job] = deque()
+        self._firsts = 0  # jobs at the queue's head that callbacks issued
+        self._callbacks = 0  # jobs' callbacks running now
         self._running: threading.Thread | None = None  # the thread running a job now
-        self._thread: threading.Thread | None = None
-        self._local = threading.local()  # .depth > 0: this thread is running a job
+        self._threads = 0  # engine threads alive
+        self._idle = 0     # of them, waiting for a job
+        self._generation = 0  # a forked child's engine starts a new one
+        self._local = threading.local()  # .depth: running a job; .callbacks: running callbacks
         self.last: Job | None = None  # the latest job issued
         self.ran = {"engine": 0, "caller": 0, "inline": 0}  # who ran the jobs (tests, bench)
 
     # -- issuing -------------------------------------------------------------------------
     def submit(self, run: Callable[[], Any], done: Callable[[Job], None] | None = None) -> Job:
-        """Queue ``run`` as a job; the engine thread runs it after those issued before it."""
+        """Queue ``run`` as a job; an engine thread runs it after those issued before it."""
         return self.submit_job(Job(run, done))
 
     def submit_job(self, job: Job) -> Job:
         """Queue ``job`` (see `submit`)."""
         with self._cv:
-            self._queue.append(job)
-            self.last = job
-            if self._thread is None:
+            if getattr(self._local, "callbacks", 0):
+                job.first = True
+                self._queue.insert(self._firsts, job)
+                self._firsts += 1
+            else:
+                self._queue.append(job)
+                self.last = job
+            if self._threads == 0:
                 self._start()
             self._cv.notify_all()
         runtime.add_before_call(self.drain)
@@ -100,12 +121,9 @@ class Engine:
         """Run ``run`` now in this thread, after every job issued before (none: at once),
         and return its value; nothing else runs meanwhile."""
         me = threading.current_thread()
-        if not getattr(self._local, "depth", 0):
-            self._finish_queue()
-        with self._cv:
-            while self._running is not None and self._running is not me:
-                self._cv.wait()
-            outer, self._running = self._running, me
+        if getattr(self._local, "depth", 0):  # inside a job: it holds the engine already
+            return run()
+        self._settle(me)
         self.ran["inline"] += 1
         self._enter()
         try:
@@ -113,76 +131,109 @@ class Engine:
         finally:
             self._leave()
             with self._cv:
-                self._running = outer
+                self._running = None
                 self._cv.notify_all()
 
     # -- waiting -------------------------------------------------------------------------
     def wait(self, job: Job) -> None:
         """Return once ``job`` finished (its ``done`` callback too), running queued jobs
-        in this thread while the engine thread is not."""
+        in this thread while no engine thread does."""
         me = threading.current_thread()
         while not job.finished:
             with self._cv:
                 if job.finished:
                     return
-                outer = self._running
                 nxt = self._take(me)
                 if nxt is None:
                     self._cv.wait()
                     continue
             self.ran["caller"] += 1
-            self._execute(nxt, outer if outer is me else None)
+            self._execute(nxt)
 
     def drain(self) -> None:
-        """Return once every job issued so far has finished (at once from inside a job).
-        Run before fcoll's eager calls while the engine has work (`runtime.add_before_call`);
-        an idle engine takes the wait off again."""
-        if getattr(self._local, "depth", 0):
+        """Return once every job issued so far has finished, callbacks too (at once from
+        inside a job or a callback). Run before fcoll's eager calls while the engine has
+        work (`runtime.add_before_call`); an idle engine takes the wait off again."""
+        if getattr(self._local, "depth", 0) or getattr(self._local, "callbacks", 0):
             return
-        self._finish_queue()
+        me = threading.current_thread()
+        self._settle(me)
         with self._cv:
-            idle = not self._queue and self._running is None
-        if idle:
-            runtime.remove_before_call(self.drain)
+            self._running = None
+            self._cv.notify_all()
+        runtime.remove_before_call(self.drain)
 
     def busy(self) -> bool:
-        """Whether a job is queued or running."""
+        """Whether a job is queued or running, or callbacks run."""
         with self._cv:
-            return bool(self._queue) or self._running is not None
+            return bool(self._queue) or self._running is not None or self._callbacks > 0
 
     # -- running -------------------------------------------------------------------------
+    def _settle(self, me: threading.Thread) -> None:
+        """Run or wait for the jobs this thread must follow, then hold the engine (``_running``
+        is ``me``): from a callback, the jobs callbacks issued; else every job, and no
+        callback running."""
+        in_callback = bool(getattr(self._local, "callbacks", 0))
+        while True:
+            with self._cv:
+                free = self._running is None
+                done = (self._firsts == 0) if in_callback else (not self._queue and self._callbacks == 0)
+                if free and done:
+                    self._running = me
+                    return
+                nxt = self._take(me)
+                if nxt is None:
+                    self._cv.wait()
+                    continue
+            self.ran["caller"] += 1
+            self._execute(nxt)
+
     def _take(self, me: threading.Thread) -> Job | None:
-        """The next queued job for ``me`` to run (marked running), or None while another
-        thread runs one or nothing is queued. Called holding ``_cv``."""
-        if not self._queue or (self._running is not None and self._running is not me):
+        """The next job ``me`` may run (then marked running), or None: another thread runs
+        one, nothing is queued, or callbacks run and the head is not theirs. Holds ``_cv``."""
+        if not self._queue or self._running is not None:
+            return None
+        if self._callbacks and not self._queue[0].first:
             return None
         self._running = me
-        return self._queue.popleft()
+        job = self._queue.popleft()
+        self._firsts -= job.first
+        return job
 
-    def _finish_queue(self) -> None:
-        last = self.last
-        if last is not None and not last.finished:
-            self.wait(last)
-
-    def _execute(self, job: Job, outer: threading.Thread | None) -> None:
-        """Run ``job`` (marked running by `_take`), then its callback outside the exclusion
-        (``outer``: the thread that ran before, when a job waits for a later one)."""
+    def _execute(self, job: Job) -> None:
+        """Run ``job`` (marked running by `_take`), then its callback outside the exclusion."""
         self._enter()
         try:
             job.value = job.run()
-        except BaseException as error:
+        except BaseException as error:  # (the waiter raises it)
             job.error = error
         finally:
             self._leave()
             with self._cv:
-                self._running = outer
+                self._running = None
                 job.finished = True
+                if job.done is not None:
+                    self._callbacks += 1
+                    self._spare()
                 self._cv.notify_all()
         if job.done is not None:
+            self._local.callbacks = getattr(self._local, "callbacks", 0) + 1
             try:
                 job.done(job)
-            except BaseException as error:
+            except BaseException as error:  # the engine must go on
                 sys.stderr.write(f"fcoll engine: a job's completion callback raised {error!r}\n")
+            finally:
+                self._local.callbacks -= 1
+                with self._cv:
+                    self._callbacks -= 1
+                    self._cv.notify_all()
+
+    def _spare(self) -> None:
+        """Make sure an engine thread is free to run jobs while this thread runs a job's
+        callbacks: they may block on the future of a job they issued (PowerSGD's hook
+        waits inside its ``then`` callback), which only another thread can run. Holds ``_cv``."""
+        if self._idle == 0:
+            self._start()
 
     def _enter(self) -> None:
         self._local.depth = getattr(self._local, "depth", 0) + 1
@@ -190,29 +241,36 @@ class Engine:
     def _leave(self) -> None:
         self._local.depth -= 1
 
-    def _loop(self) -> None:
+    def _loop(self, generation: int) -> None:
         me = threading.current_thread()
         while True:
             with self._cv:
                 job = self._take(me)
                 while job is None:
-                    if self._thread is not me:  # reset after a fork, or stopped
-                        return
+                    if generation != self._generation or self._idle >= MAX_IDLE:
+                        self._threads -= generation == self._generation
+                        return  # a forked child's old engine, or enough spare threads
+                    self._idle += 1
                     self._cv.wait()
+                    self._idle -= 1
                     job = self._take(me)
             self.ran["engine"] += 1
-            self._execute(job, None)
+            self._execute(job)
 
     def _start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="fcoll engine", daemon=True)
-        self._thread.start()
+        """One more engine thread (called holding ``_cv``)."""
+        self._threads += 1
+        threading.Thread(target=self._loop, args=(self._generation,), name="fcoll engine",
+                         daemon=True).start()
 
     def _after_fork(self) -> None:
         """In a forked child: no thread, nothing queued (the parent drained before)."""
         self._cv = threading.Condition(threading.Lock())
         self._queue.clear()
+        self._firsts = self._callbacks = 0
         self._running = None
-        self._thread = None
+        self._threads = self._idle = 0
+        self._generation += 1
         self._local = threading.local()
         self.last = None
 
@@ -221,7 +279,7 @@ ENGINE = Engine()
 
 
 def _drain_at_exit() -> bool:
-    ENGINE._finish_queue()
+    ENGINE.drain()
     return True
 
 

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -174,6 +175,11 @@ def torch_error(error: BaseException) -> BaseException:
     return new
 
 
+# Whether calls that may overlap are queued on the engine (FCOLL_TORCH_ENGINE=0: every call
+# runs inline, as before the engine; the benchmark's "inline" variant flips it).
+DEFER = os.environ.get("FCOLL_TORCH_ENGINE", "1") != "0"
+
+
 def _synchronous() -> bool:
     """Whether torch's Python function that called the backend's method (two frames up)
     passed ``async_op=False``: it waits at once, so the call runs inline. Any other caller
@@ -193,7 +199,7 @@ def issue(run: Callable[[], object], value: list[torch.Tensor]) -> FcollWork:
     Example:
         >>> return issue(lambda: _into.all_reduce(out, out, op, g), [t])   # in allreduce
     """
-    if _synchronous():
+    if not DEFER or _synchronous():
         try:
             ENGINE.inline(run)
         except CollectiveTimeoutError as error:
