@@ -111,7 +111,8 @@ EOF
 tests=(tests/test_gpu.py)
 for file in tests/test_gpu_*.py; do [ -e "$file" ] && tests+=("$file"); done
 # The gpu-marked tests of the transformations: CUDA tensors' gradients, jitted collectives
-# on GPU arrays; and of the torch backend "fcoll": CUDA tensors through dist.* and DDP.
+# on GPU arrays; and of the torch backend "fcoll": CUDA tensors through dist.* and DDP,
+# asynchronous CUDA work on the engine thread and a sparse CUDA all_reduce (issue 41).
 tests+=(tests/test_autograd.py tests/test_jit.py tests/test_torch_training.py)
 for part in "1 nccl" "1 mpi" "2 mpi"; do
   read -r n transport <<<"$part"

@@ -3,6 +3,7 @@ world-size-1 pass (they launch their own jobs), plus the report logic on its own
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -62,12 +63,29 @@ def test_info_says_which_engine_steps_the_segment(setting):
 
 
 @spawns
+def test_info_has_a_torch_section():
+    done = _fcoll("info", "--json", FCOLL_TORCH_ENGINE="0")
+    assert done.returncode == 0, done.stderr
+    section = json.loads(done.stdout)["torch"]
+    assert section["entry point"].startswith("fcoll = fcoll.torch.plugin:register")
+    if importlib.util.find_spec("torch") is None:
+        assert section["torch"] == "not installed"
+        return
+    import torch
+
+    assert section["torch"].startswith(torch.__version__)
+    assert section['backend "fcoll"'] == "registered"
+    assert section["engine"].startswith("off")
+    assert section["CUDA"].startswith("not available") != torch.cuda.is_available()
+
+
+@spawns
 def test_info_json_parses():
     done = _fcoll("info", "--json", FCOLL_MPI_THREAD_LEVEL="funneled")
     assert done.returncode == 0, done.stderr
     report_ = json.loads(done.stdout)
     assert set(report_) == {"versions", "mpi", "launcher", "start-up", "shared memory",
-                            "nodes", "environment", "gpu"}
+                            "nodes", "environment", "gpu", "torch"}
     assert report_["nodes"] == {"nodes": "1", "ranks per node": "1", "placement": "by block",
                                 "world group": "one rank"}
     assert report_["mpi"]["world size"] == "1"

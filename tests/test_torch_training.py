@@ -189,3 +189,16 @@ def test_cuda_tensors() -> None:
     first = grads.clone()
     dist.broadcast(first, 0)
     assert torch.equal(first, grads)  # every rank holds the averaged gradients
+    # asynchronous work on the engine thread: its future names the device (issue 41)
+    t = torch.full((1 << 16,), r + 1.0, device="cuda")
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    assert fut.wait().device.type == "cuda" and fut.wait()[0].item() == n * (n + 1)
+    # a sparse CUDA tensor: summed as gloo does, coalesced, on the device
+    idx = torch.tensor([[r % 3, 2]], device="cuda")
+    s = torch.sparse_coo_tensor(idx, torch.ones(2, device="cuda"), (4,))
+    dist.all_reduce(s)
+    dense = torch.zeros(4)
+    for q in range(n):
+        dense[q % 3] += 1
+        dense[2] += 1
+    assert s.is_cuda and s.is_coalesced() and torch.equal(s.to_dense().cpu(), dense)

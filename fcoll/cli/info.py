@@ -1,4 +1,5 @@
-"""``python -m fcoll info``: what fcoll runs on (versions, MPI, launcher, start-up, knobs, GPU).
+"""``python -m fcoll info``: what fcoll runs on (versions, MPI, launcher, start-up, knobs, GPU,
+torch).
 
 `collect` starts MPI the way fcoll does (so the thread level shown is the one fcoll
 gets) and returns sections of ``name -> text``; `render_plain`, `render_rich` and
@@ -23,7 +24,7 @@ Report = dict[str, dict[str, str]]
 KNOBS = ("FCOLL_MPI_THREAD_LEVEL", "FCOLL_DEBUG", "FCOLL_MALLOC_TUNING", "FCOLL_GPU_TRANSPORT",
          "FCOLL_GPU_DEVICE", "FCOLL_CUDA_AWARE_MPI", "FCOLL_ALLOW_SINGLETON", "FCOLL_TRACE",
          "FCOLL_SHM", "FCOLL_SHM_NODE_SIZE", "FCOLL_NATIVE", "FCOLL_ABORT_ON_ERROR",
-         "FCOLL_STALL_WARN", "FCOLL_STALL_ABORT")
+         "FCOLL_STALL_WARN", "FCOLL_STALL_ABORT", "FCOLL_TORCH_ENGINE")
 MPICH_SET = ("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_REDUCE_POSIX_INTRA_ALGORITHM",
              "MPIR_CVAR_BCAST_POSIX_INTRA_ALGORITHM", "MPIR_CVAR_CH4_PROGRESS_THROTTLE",
              "OMPI_MCA_mpi_yield_when_idle")
@@ -143,6 +144,40 @@ def _gpu_section() -> dict[str, str]:
     return facts
 
 
+def _torch_section() -> dict[str, str]:
+    """torch and the backend "fcoll": the version, whether the backend is registered (after
+    ``import fcoll.torch``), the entry point torch 2.14+ loads it from, CUDA. torch is
+    imported only when installed (this command is about what fcoll runs on)."""
+    version = _version("torch")
+    points = [f"{e.name} = {e.value}" for e in
+              importlib.metadata.entry_points(group="torch.distributed.backends")]
+    entry = next((p for p in points if p.startswith("fcoll ")), "missing (reinstall fcoll)")
+    if version == "not installed":
+        return {"torch": version, "entry point": entry}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import fcoll.torch  # noqa: F401  (registers the backend)
+    except Exception as error:
+        return {"torch": f"{version} (import failed: {type(error).__name__}: {error})",
+                "entry point": entry}
+    major_minor = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    cuda = torch.cuda.is_available()
+    return {
+        "torch": f"{torch.__version__} ({os.path.dirname(torch.__file__)})",
+        "torch.distributed": "available" if dist.is_available() else "not built",
+        'backend "fcoll"': ("registered" if "FCOLL" in dist.Backend._plugins else "not registered"),
+        "entry point": entry + ("" if major_minor >= (2, 14) else
+                                " (torch < 2.14 does not load it: import fcoll.torch)"),
+        "CUDA": (f"{torch.version.cuda}, {torch.cuda.device_count()} device(s)" if cuda
+                 else f"not available (built for {torch.version.cuda or 'CPU'})"),
+        "engine": ("off (FCOLL_TORCH_ENGINE=0: every call inline)"
+                   if os.environ.get("FCOLL_TORCH_ENGINE", "1") == "0"
+                   else "on (asynchronous work on fcoll's engine thread)"),
+    }
+
+
 def _shm_section() -> dict[str, str]:
     """The on-node shared-memory transport: its setting and which engine steps it."""
     from fcoll.backends import native, shm
@@ -220,7 +255,7 @@ def collect() -> Report:
     return {"versions": versions, "mpi": _mpi_section(), "launcher": _launcher_section(MPI),
             "start-up": _startup_section(MPI), "shared memory": _shm_section(),
             "nodes": _nodes_section(),
-            "environment": _knobs(), "gpu": _gpu_section()}
+            "environment": _knobs(), "gpu": _gpu_section(), "torch": _torch_section()}
 
 
 def render_plain(report: Report) -> str:
