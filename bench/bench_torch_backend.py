@@ -22,7 +22,8 @@ measurements:
 - an FSDP2 step (``fully_shard`` per linear layer) on gloo, fcoll and fcoll inline.
 
 ``--busy K`` starts K processes that keep a core busy beside the job (the outside load of a
-shared machine). One thread per rank (``torch.set_num_threads(1)``). Rows are appended to ``--csv``; ``--plot PNG`` draws the latest rows.
+shared machine). One thread per rank (``torch.set_num_threads(1)``). Rows are appended to
+``--csv``; ``--plot PNG`` draws the latest rows.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def slowest(fn: Callable[[], object]) -> float:
     return float(fc.all_reduce(np.array([time.perf_counter() - start]), "max")[0])
 
 
-def all_reduce_row(nbytes: int, groups: dict[str, Any], reps: int, rounds: int) -> dict[str, object]:
+def all_reduce_row(nbytes: int, groups: dict[str, Any], reps: int, rounds: int,
+                   busy: int = 0) -> dict[str, object]:
     """Per-call time of ``dist.all_reduce`` on each group, in turns."""
     t = torch.ones(max(1, nbytes // 4))
     times: dict[str, list[float]] = {name: [] for name in groups}
@@ -79,7 +81,8 @@ def all_reduce_row(nbytes: int, groups: dict[str, Any], reps: int, rounds: int) 
             if i:  # the first round warms up
                 times[name].append(seconds / reps)
         t.fill_(1.0)
-    row: dict[str, object] = {"kind": "all_reduce", "n": dist.get_world_size(), "bytes": nbytes}
+    row: dict[str, object] = {"kind": "all_reduce", "n": dist.get_world_size(), "bytes": nbytes,
+                              "busy": busy}
     for name, values in times.items():
         row[f"{name}_us"] = round(statistics.median(values) * 1e6, 2)
     row["ratio"] = round(float(str(row["fcoll_us"])) / float(str(row["gloo_us"])), 3)
@@ -199,8 +202,8 @@ def busy_processes(count: int) -> list[subprocess.Popen[bytes]]:
 
 def plot(rows_csv: Path, out: Path) -> None:
     """Time on "fcoll" over gloo's (latest rows): all_reduce per message size, one line per
-    world size (dashed: the 0.5 target), and the DDP step per model and world size (dashed:
-    the 0.9 target)."""
+    world size (dashed: the 0.5 target), and the DDP and FSDP2 steps per model, world size
+    and outside load, with the engine and inline (dashed: the 0.8 target)."""
     import csv
 
     import matplotlib
@@ -208,12 +211,13 @@ def plot(rows_csv: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    latest = {(r["kind"], int(r["n"]), int(r.get("bytes") or r.get("hidden") or 0)): r
+    latest = {(r["kind"], int(r["n"]), int(r.get("bytes") or r.get("hidden") or 0),
+               int(r.get("busy") or 0)): r
               for r in csv.DictReader(rows_csv.open())}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6), width_ratios=(3, 2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), width_ratios=(2, 3))
     for n in sorted({k[1] for k in latest if k[0] == "all_reduce"}):
         rows = sorted((k[2], float(r["ratio"])) for k, r in latest.items()
-                      if k[0] == "all_reduce" and k[1] == n)
+                      if k[0] == "all_reduce" and k[1] == n and k[3] == 0)
         left.plot([b for b, _ in rows], [v for _, v in rows], "o-", label=f"n = {n}")
     left.axhline(0.5, color="black", lw=0.8, ls="--")
     left.set_xscale("log", base=2)
@@ -221,13 +225,19 @@ def plot(rows_csv: Path, out: Path) -> None:
     left.set_ylabel('time on "fcoll" / on gloo')
     left.set_ylim(0, 1.1)
     left.legend(fontsize=8)
-    ddp = sorted((k[1], int(r["params"]), float(r["ratio"])) for k, r in latest.items()
-                 if k[0] == "ddp")
-    right.bar(range(len(ddp)), [v for _, _, v in ddp], color="tab:green")
-    right.set_xticks(range(len(ddp)), [f"n = {n}\n{p / 1e6:.2f} M" for n, p, _ in ddp], fontsize=8)
-    right.axhline(0.9, color="black", lw=0.8, ls="--")
-    right.set_ylim(0, 1.1)
-    right.set_title("DDP step", fontsize=9)
+    steps = sorted((k[0], k[3], k[1], int(r["params"]), r) for k, r in latest.items()
+                   if k[0] in ("ddp", "fsdp2") and r.get("inline_ratio"))
+    x = range(len(steps))
+    right.bar([i - 0.2 for i in x], [float(r["ratio"]) for *_, r in steps], 0.4,
+              color="tab:green", label="engine")
+    right.bar([i + 0.2 for i in x], [float(r["inline_ratio"]) for *_, r in steps], 0.4,
+              color="tab:gray", label="inline (no engine)")
+    right.set_xticks(list(x), [f"{kind}\nn={n}\n{p / 1e6:.1f}M\n{'busy' if busy else 'quiet'}"
+                               for kind, busy, n, p, _ in steps], fontsize=6.5)
+    right.axhline(0.8, color="black", lw=0.8, ls="--")
+    right.set_ylim(0, 1.15)
+    right.legend(fontsize=8)
+    right.set_title("training step, fcoll / gloo", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
@@ -276,7 +286,8 @@ def main() -> None:
     groups = {"fcoll": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     busy = busy_processes(args.busy)
     try:
-        rows = [all_reduce_row(parse_size(s), groups, args.reps, args.rounds) for s in args.sizes]
+        rows = [all_reduce_row(parse_size(s), groups, args.reps, args.rounds, args.busy)
+                for s in args.sizes]
         rows += [ddp_row(h, args.steps, args.warmup, args.batch, args.bucket_cap_mb, groups,
                          args.busy) for h in args.hidden]
         rows += [fsdp_row(h, args.steps, args.warmup, args.batch, groups, args.busy)
