@@ -26,6 +26,7 @@ import faulthandler
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -200,7 +201,9 @@ def main() -> int:
                              "detail": detail}
             print(f"{kind:4} {time.time() - t0:6.1f}s {name}"
                   + (f"\n{detail}" if kind == "fail" else ""), flush=True)
+    comm.Barrier()
     if comm.rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
         count = {k: sum(r["result"] == k for r in results.values()) for k in ("pass", "skip", "fail")}
         print(f"{args.backend} at n = {comm.size}: {count['pass']} passed, {count['skip']} skipped, "
               f"{count['fail']} failed in {time.time() - started:.0f} s", flush=True)

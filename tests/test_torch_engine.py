@@ -48,7 +48,9 @@ def test_async_calls_on_several_groups_complete_in_issue_order(pg: PG) -> None:
     ts = [torch.full((i + 1,), float(r + i)) for i in range(6)]
     works = [dist.all_reduce(t, group=pg.pg, async_op=True) for t in ts]
     b = torch.full((3,), float(r))
+    inline = ENGINE.ran["inline"]
     dist.broadcast(b, dist.get_global_rank(pg.pg, n - 1) if pg.pg else n - 1, group=pg.pg)  # sync
+    assert ENGINE.ran["inline"] == inline + 1  # in this thread, after the queued work
     assert torch.equal(b, torch.full((3,), n - 1.0))
     assert all(w.is_completed() for w in works)  # the sync call ran after them
     for i, (t, w) in enumerate(zip(ts, works, strict=True)):

@@ -2,8 +2,10 @@
 
 Each method is the ``ProcessGroup`` method of the same name, as torch's Python functions
 (``dist.all_reduce`` ...) and its C++ callers (DDP, functional collectives) call it: it
-checks the output tensors against the inputs before anything is sent, runs fcoll's
-collective on the group, writes the outputs and returns a finished `FcollWork`. The output
+checks the output tensors against the inputs before anything is sent, then issues the
+function that runs fcoll's collective on the group and writes the outputs
+(`fcoll.torch.work.issue`: at once for a synchronous call, else on the engine) and returns
+its `FcollWork`. A sparse COO tensor's all_reduce is `fcoll.torch._sparse`'s. The output
 of all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and an evenly split
 all_to_all_single, where it is a contiguous CPU tensor, is written by the transport through
 its numpy view (`fcoll.collectives._into`); the other outputs (reduce, gather, scatter, the

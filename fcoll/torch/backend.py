@@ -9,11 +9,13 @@ never mixes with another's. The process group is a Python subclass of torch's
 ``ProcessGroup`` (torch's C++ ``Backend`` cannot be subclassed from Python); its methods
 are in `fcoll.torch._collectives` and `fcoll.torch._coalesced`.
 
-Collectives run to completion in the calling thread, ``async_op=True`` included: the work
-returned is finished and its future holds the outputs (`fcoll.torch.work`). A group's
-``timeout`` (``init_process_group``/``new_group``) becomes the fcoll group's deadline,
-except torch's default of 30 minutes, which leaves fcoll's own default (no deadline; the
-stall report after ``FCOLL_STALL_WARN`` seconds).
+A synchronous call (torch's ``async_op=False``) runs in the calling thread; what torch
+starts asynchronously (``async_op=True``, DDP's buckets, FSDP) is queued on fcoll's engine
+thread and runs in issue order while the caller computes (`fcoll.torch.work.issue`,
+`fcoll.calls.engine`). A group's ``timeout`` (``init_process_group``/``new_group``)
+becomes the fcoll group's deadline, except torch's default of 30 minutes, which leaves
+fcoll's own default (no deadline; the stall report after ``FCOLL_STALL_WARN`` seconds); a
+call past it raises torch's ``DistBackendError`` saying "Timed out" (`fcoll.torch.work.torch_error`).
 
 Example:
     >>> import fcoll.torch, torch, torch.distributed as dist    # under mpiexec -n 2

@@ -108,8 +108,11 @@ class FcollWork(_Work):  # type: ignore[misc]
         """Whether the operation has completed (a completed receive is finished here)."""
         if self._job is not None:
             return self._job.finished
-        if self._pending is not None and ENGINE.inline(self._pending.is_completed):
-            self.wait()
+        if self._pending is not None:
+            if ENGINE.busy():  # MPI is the engine's now: not tested, not waited for
+                return False
+            if ENGINE.inline(self._pending.is_completed):
+                self.wait()
         return self._pending is None
 
     def is_success(self) -> bool:
