@@ -119,6 +119,19 @@ def _in_turns(steps: dict[str, Callable[[int], object]], count: int, warmup: int
     return times
 
 
+def _train_in_turns(models: dict[str, torch.nn.Module], steps: int, warmup: int,
+                    batch: int) -> dict[str, list[float]]:
+    """Each model's training step (SGD with momentum, this rank's share of the same global
+    batches) in turns (`_in_turns`)."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in models.items()}
+    per = batch // n
+    data = [(x[r * per : (r + 1) * per], y[r * per : (r + 1) * per])
+            for x, y in batches(warmup + steps, batch)]
+    return _in_turns({name: (lambda i, name=name: ddp_step(models[name], opts[name], *data[i]))
+                      for name in models}, steps, warmup)
+
+
 def _summary(row: dict[str, object], times: dict[str, list[float]]) -> dict[str, object]:
     """Medians per variant, the paired ratios to gloo, and what the engine hid: the
     communication of a step (inline - local) and the part of it no longer waited for
@@ -141,19 +154,14 @@ def ddp_row(hidden: int, steps: int, warmup: int, batch: int, cap: float,
     """DDP over each group on the same model and batches, step by step in turns: on gloo,
     on fcoll with the engine ("fcoll"), on fcoll with every call inline ("inline"), and
     the model alone without DDP ("local": the step's computation)."""
-    r, n = dist.get_rank(), dist.get_world_size()
+    n = dist.get_world_size()
     pgs = {"gloo": groups["gloo"], "fcoll": groups["fcoll"], "inline": groups["fcoll"]}
     nets: dict[str, torch.nn.Module] = {
         name: DistributedDataParallel(make_model(FEATURES, hidden, CLASSES, seed=0),
                                       process_group=pg, bucket_cap_mb=cap)
         for name, pg in pgs.items()}
     nets["local"] = make_model(FEATURES, hidden, CLASSES, seed=0)
-    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in nets.items()}
-    per = batch // n
-    data = [(x[r * per : (r + 1) * per], y[r * per : (r + 1) * per])
-            for x, y in batches(warmup + steps, batch)]
-    times = _in_turns({name: (lambda i, name=name: ddp_step(nets[name], opts[name], *data[i]))
-                       for name in nets}, steps, warmup)
+    times = _train_in_turns(nets, steps, warmup, batch)
     diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in
                zip(nets["fcoll"].parameters(), nets["gloo"].parameters(), strict=True))
     row: dict[str, object] = {"kind": "ddp", "n": n, "hidden": hidden, "busy": busy,
@@ -170,7 +178,7 @@ def fsdp_row(hidden: int, steps: int, warmup: int, batch: int, groups: dict[str,
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    r, n = dist.get_rank(), dist.get_world_size()
+    n = dist.get_world_size()
     pgs = {"gloo": groups["gloo"], "fcoll": groups["fcoll"], "inline": groups["fcoll"]}
     models: dict[str, torch.nn.Module] = {}
     for name, pg in pgs.items():
@@ -180,12 +188,7 @@ def fsdp_row(hidden: int, steps: int, warmup: int, batch: int, groups: dict[str,
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh)
         models[name] = fully_shard(model, mesh=mesh)
-    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in models.items()}
-    per = batch // n
-    data = [(x[r * per : (r + 1) * per], y[r * per : (r + 1) * per])
-            for x, y in batches(warmup + steps, batch)]
-    times = _in_turns({name: (lambda i, name=name: ddp_step(models[name], opts[name], *data[i]))
-                       for name in models}, steps, warmup)
+    times = _train_in_turns(models, steps, warmup, batch)
     row: dict[str, object] = {"kind": "fsdp2", "n": n, "hidden": hidden, "busy": busy,
                               "params": sum(p.numel() for p in make_model(FEATURES, hidden, CLASSES,
                                                                           seed=0).parameters())}

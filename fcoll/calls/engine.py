@@ -138,17 +138,7 @@ class Engine:
     def wait(self, job: Job) -> None:
         """Return once ``job`` finished (its ``done`` callback too), running queued jobs
         in this thread while no engine thread does."""
-        me = threading.current_thread()
-        while not job.finished:
-            with self._cv:
-                if job.finished:
-                    return
-                nxt = self._take(me)
-                if nxt is None:
-                    self._cv.wait()
-                    continue
-            self.ran["caller"] += 1
-            self._execute(nxt)
+        self._help_until(lambda: job.finished)
 
     def drain(self) -> None:
         """Return once every job issued so far has finished, callbacks too (at once from
@@ -174,12 +164,23 @@ class Engine:
         is ``me``): from a callback, the jobs callbacks issued; else every job, and no
         callback running."""
         in_callback = bool(getattr(self._local, "callbacks", 0))
+
+        def hold() -> bool:
+            done = (self._firsts == 0) if in_callback else (not self._queue and self._callbacks == 0)
+            if self._running is None and done:
+                self._running = me
+                return True
+            return False
+
+        self._help_until(hold)
+
+    def _help_until(self, ready: Callable[[], bool]) -> None:
+        """Run queued jobs in this thread (while no other thread runs one) until ``ready()``,
+        checked holding ``_cv``, says so; wait for the other threads meanwhile."""
+        me = threading.current_thread()
         while True:
             with self._cv:
-                free = self._running is None
-                done = (self._firsts == 0) if in_callback else (not self._queue and self._callbacks == 0)
-                if free and done:
-                    self._running = me
+                if ready():
                     return
                 nxt = self._take(me)
                 if nxt is None:

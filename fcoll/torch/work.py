@@ -203,10 +203,7 @@ def issue(run: Callable[[], object], value: list[torch.Tensor]) -> FcollWork:
         >>> return issue(lambda: _into.all_reduce(out, out, op, g), [t])   # in allreduce
     """
     if not DEFER or _synchronous():
-        try:
-            ENGINE.inline(run)
-        except CollectiveTimeoutError as error:
-            raise torch_error(error) from error
+        ENGINE.inline(lambda: _translated(run))
         return FcollWork(value)
     return FcollWork(value)._queue(lambda: _translated(run))
 
