@@ -35,7 +35,7 @@ echo "=== sanitize: tests/test_native.py"
 for n in ${FCOLL_SANITIZE_SIZE:-3}; do
   echo "=== sanitize: segment tests, n=$n, FCOLL_SHM=1"
   FCOLL_SHM=1 MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-900} fcoll_mpiexec "$n" "${sanitized[@]}" "$PY" -m pytest -q \
-    --durations=30 -p no:cacheprovider --capture=sys tests/test_shm.py tests/test_shm_movement.py tests/test_reductions.py \
+    --durations=30 -p no:cacheprovider --capture=sys tests/test_shm.py tests/test_shm_movement.py tests/test_shm_alltoall.py tests/test_reductions.py \
     tests/test_coalesced.py tests/test_into.py || status=1
 done
 echo "=== sanitize: the XLA FFI handler (fcoll/backends/_shmxla.c) inside jax.jit, n=2"

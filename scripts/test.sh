@@ -94,7 +94,7 @@ done
 # one job per world size switches between the three (tests/suite_plan.py). World size 1 has no
 # segment, so the passes would repeat its run.
 transport_files=(tests/test_reductions.py tests/test_coalesced.py tests/test_movement.py
-  tests/test_fast.py tests/test_detail.py tests/test_shm.py tests/test_shm_movement.py
+  tests/test_fast.py tests/test_detail.py tests/test_shm.py tests/test_shm_movement.py tests/test_shm_alltoall.py
   tests/test_scan.py tests/test_custom_ops.py tests/test_into.py)
 if [ "${FCOLL_SHM_PASS:-1}" != 0 ]; then
   for n in $sizes; do

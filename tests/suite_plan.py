@@ -31,8 +31,8 @@ import pytest
 
 # The reduction and movement files: their calls take another path when the setting changes.
 FILES = ("test_reductions.py", "test_coalesced.py", "test_movement.py", "test_fast.py",
-         "test_detail.py", "test_into.py", "test_shm.py", "test_shm_movement.py", "test_scan.py",
-         "test_custom_ops.py")
+         "test_detail.py", "test_into.py", "test_shm.py", "test_shm_movement.py",
+         "test_shm_alltoall.py", "test_scan.py", "test_custom_ops.py")
 # Fixtures that set FCOLL_SHM inside the test (test_scan's and test_custom_ops' `transport`
 # parameter, test_shm's `forced`): under a pass that only sets FCOLL_SHM such a test repeats
 # the plain run, so that pass leaves it out.

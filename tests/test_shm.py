@@ -320,7 +320,7 @@ def _job(tmp_path: Path, body: str, n: int = 2) -> tuple[int, str, float]:
 
 @pytest.mark.skipif(fc.get_world_size() != 1, reason="launches its own jobs")
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
-                                "broadcast"])
+                                "broadcast", "all_to_all_single"])
 def test_a_silent_peer_in_the_segment_times_out(tmp_path, op):
     code, out, took = _job(tmp_path, f"""
         fc.init(timeout=1.0)

@@ -293,6 +293,15 @@ static PyObject *finish(Core *c, PyThreadState *ts, int failed, PyArrayObject *o
     return NULL;
 }
 
+/* bytes of each block an all-to-all step carries, its largest block ``most`` bytes: all of it
+ * where n of them fit a chunk, else a chunk's n-th (64-byte aligned pieces) */
+static Py_ssize_t alltoall_piece(Core *c, Py_ssize_t most) {
+    Py_ssize_t per = c->chunk / c->n;
+    if (per > 64) per &= ~(Py_ssize_t)63;
+    if (most < per) per = most;
+    return per < 1 ? 1 : per;
+}
+
 /* elements of each block a reduce_scatter step carries */
 static Py_ssize_t scatter_piece(Core *c, const Step *s) {
     Py_ssize_t per = c->chunk / c->n / elem_size[s->type];
@@ -314,6 +323,11 @@ int shm_takes(Core *c, const Step *s, PyArrayObject *x) {
     }
     case K_ALLGATHER:
         return contiguous && min_size(nbytes, c->chunk) <= c->capacity;
+    case K_ALLTOALL: {
+        if (!contiguous || PyArray_NDIM(x) == 0 || PyArray_DIMS(x)[0] % c->n) return 0;
+        Py_ssize_t block = nbytes / c->n;
+        return min_size(block, alltoall_piece(c, block)) * c->n <= c->capacity;
+    }
     case K_BROADCAST: /* the root reads x as it is; the others only its shape */
         return s->root >= 0 && s->root < c->n && (contiguous || c->rank != s->root) &&
                min_size(nbytes, c->chunk) <= c->capacity;
@@ -493,6 +507,53 @@ static PyObject *run_allgather(Core *c, const Step *s, PyArrayObject *x, PyObjec
     return finish(c, ts, failed, out);
 }
 
+/* all-to-all's steps (the GIL released, ``*ts``): block j of ``src`` (``scount[j]`` bytes at
+ * ``sdispl[j]``) goes to rank j, rank j's block for this rank into ``dst`` at ``rdispl[j]``
+ * (``rcount[j]`` bytes); ``most``, the largest block of any rank (the same on every rank),
+ * sets the steps: each carries the next piece (alltoall_piece) of every block, this rank's
+ * own copied straight from ``src``. ``count``: what the steps announce. */
+static int alltoall_steps(Core *c, const Step *s, const char *src, const Py_ssize_t *scount,
+                          const Py_ssize_t *sdispl, char *dst, const Py_ssize_t *rcount,
+                          const Py_ssize_t *rdispl, Py_ssize_t most, int64_t count,
+                          PyThreadState **ts) {
+    int n = c->n, me = c->rank, failed = STEP_OK;
+    Py_ssize_t per = alltoall_piece(c, most);
+    for (Py_ssize_t at = 0; at < most || (most == 0 && at == 0); at += per) {
+        int64_t step = c->step + 1;
+        char *mine = data_of(c, me, step, per * n);
+        for (int j = 0; j < n; ++j) {
+            Py_ssize_t m = min_size(scount[j] - at, per);
+            if (j != me && m > 0) memcpy(mine + j * per, src + sdispl[j] + at, (size_t)m);
+        }
+        if ((failed = exchange(c, s->fp, count, s->deadline, ts)) != STEP_OK) break;
+        for (int j = 0; j < n; ++j) {
+            Py_ssize_t m = min_size(rcount[j] - at, per);
+            const char *from = j == me ? src + sdispl[me] + at : data_of(c, j, step, per * n) + me * per;
+            if (m > 0) memcpy(dst + rdispl[j] + at, from, (size_t)m);
+        }
+        if (most == 0) break;
+    }
+    return failed;
+}
+
+/* all_to_all_single with even splits: block j (x's rows split n ways) to rank j, a new array */
+static PyObject *run_alltoall(Core *c, const Step *s, PyArrayObject *x) {
+    int n = c->n;
+    PyArrayObject *out = new_like(x, -1);
+    if (out == NULL) return NULL;
+    Py_ssize_t block = PyArray_NBYTES(x) / n, counts[MAX_RANKS], displs[MAX_RANKS];
+    for (int j = 0; j < n; ++j) {
+        counts[j] = block;
+        displs[j] = j * block;
+    }
+    const char *src = PyArray_BYTES(x);
+    char *dst = PyArray_BYTES(out);
+    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
+    int failed = alltoall_steps(c, s, src, counts, displs, dst, counts, displs, block,
+                                PyArray_SIZE(x), &ts);
+    return finish(c, ts, failed, out);
+}
+
 /* broadcast: the root copies into its line or slot and its result, the others copy out */
 static PyObject *run_broadcast(Core *c, const Step *s, PyArrayObject *x) {
     Py_ssize_t nbytes = PyArray_NBYTES(x);
@@ -529,6 +590,8 @@ PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
         return run_allgather(c, s, x, out);
     case K_BROADCAST:
         return run_broadcast(c, s, x);
+    case K_ALLTOALL:
+        return run_alltoall(c, s, x);
     }
     PyErr_SetString(PyExc_ValueError, "_shmcore: no such kind of call");
     return NULL;
@@ -598,6 +661,78 @@ static PyObject *Core_broadcast(Core *c, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OiLd", &x, &s.root, &fp, &s.deadline)) return NULL;
     s.fp = (int64_t)fp;
     return call(c, &s, x, Py_None);
+}
+
+static PyObject *Core_alltoall(Core *c, PyObject *args) {
+    PyObject *x;
+    long long fp;
+    Step s = {.kind = K_ALLTOALL};
+    if (!PyArg_ParseTuple(args, "OLd", &x, &fp, &s.deadline)) return NULL;
+    s.fp = (int64_t)fp;
+    return call(c, &s, x, Py_None);
+}
+
+/* n byte counts or offsets from an int64 array: 0, or -1 with ValueError set */
+static int sizes_from(Core *c, PyObject *given, Py_ssize_t *sizes, const char *name) {
+    if (!PyArray_Check(given) || PyArray_TYPE((PyArrayObject *)given) != NPY_INT64 ||
+        PyArray_NDIM((PyArrayObject *)given) != 1 || PyArray_DIMS((PyArrayObject *)given)[0] != c->n ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given)) {
+        PyErr_Format(PyExc_ValueError, "_shmcore.alltoallv: expected %s to be an int64 array of "
+                                       "%d entries", name, c->n);
+        return -1;
+    }
+    const int64_t *v = (const int64_t *)PyArray_DATA((PyArrayObject *)given);
+    for (int j = 0; j < c->n; ++j) {
+        if (v[j] < 0) {
+            PyErr_Format(PyExc_ValueError, "_shmcore.alltoallv: expected %s >= 0", name);
+            return -1;
+        }
+        sizes[j] = (Py_ssize_t)v[j];
+    }
+    return 0;
+}
+
+/* alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): bytes of the C-contiguous x
+ * to the C-contiguous writable out, as MPI_Alltoallv on bytes with the blocks packed in rank
+ * order (counts: int64 arrays of n); ``most``: the largest block of any rank (every rank's
+ * alike). out, or None where the segment does not hold a step. */
+static PyObject *Core_alltoallv(Core *c, PyObject *args) {
+    PyObject *x, *given, *sc, *rc;
+    long long fp, count;
+    Py_ssize_t most, scount[MAX_RANKS], sdispl[MAX_RANKS], rcount[MAX_RANKS], rdispl[MAX_RANKS];
+    Step s = {.kind = K_ALLTOALL};
+    if (!PyArg_ParseTuple(args, "OOOOnLLd", &x, &sc, &given, &rc, &most, &fp, &count, &s.deadline))
+        return NULL;
+    if (c->n > MAX_RANKS || sizes_from(c, sc, scount, "scounts") < 0 ||
+        sizes_from(c, rc, rcount, "rcounts") < 0)
+        return NULL;
+    Py_ssize_t sends = 0, recvs = 0;
+    for (int j = 0; j < c->n; ++j) {
+        sdispl[j] = sends;
+        rdispl[j] = recvs;
+        sends += scount[j];
+        recvs += rcount[j];
+        if (scount[j] > most || rcount[j] > most) {
+            PyErr_SetString(PyExc_ValueError, "_shmcore.alltoallv: a block exceeds most");
+            return NULL;
+        }
+    }
+    if (!PyArray_Check(x) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x) || !PyArray_Check(given) ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)given) || sends > PyArray_NBYTES((PyArrayObject *)x) ||
+        recvs > PyArray_NBYTES((PyArrayObject *)given)) {
+        PyErr_SetString(PyExc_ValueError, "_shmcore.alltoallv: expected C-contiguous x and a "
+                                          "writable C-contiguous out that hold their blocks");
+        return NULL;
+    }
+    if (min_size(most, alltoall_piece(c, most)) * c->n > c->capacity) Py_RETURN_NONE;
+    s.fp = (int64_t)fp;
+    const char *src = PyArray_BYTES((PyArrayObject *)x);
+    char *dst = PyArray_BYTES((PyArrayObject *)given);
+    PyThreadState *ts = PyEval_SaveThread();
+    int failed = alltoall_steps(c, &s, src, scount, sdispl, dst, rcount, rdispl, most,
+                                (int64_t)count, &ts);
+    return finish(c, ts, failed, (PyArrayObject *)Py_NewRef(given));
 }
 
 static PyObject *Core_announce(Core *c, PyObject *args) {
@@ -780,6 +915,10 @@ static PyMethodDef Core_methods[] = {
      "reduce_scatter(x, type, op, flags, factor, fp, deadline): block rank of the reduction"},
     {"allgather", (PyCFunction)Core_allgather, METH_VARARGS, "allgather(x, out, fp, deadline)"},
     {"broadcast", (PyCFunction)Core_broadcast, METH_VARARGS, "broadcast(x, root, fp, deadline)"},
+    {"alltoall", (PyCFunction)Core_alltoall, METH_VARARGS,
+     "alltoall(x, fp, deadline): x's rows in n blocks, block j to rank j; a new array, or None"},
+    {"alltoallv", (PyCFunction)Core_alltoallv, METH_VARARGS,
+     "alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): out, or None"},
     {"announce", (PyCFunction)Core_announce, METH_VARARGS, "announce(fp, count, deadline)"},
     {"announced", (PyCFunction)Core_announced, METH_VARARGS, "[(fp, count)] of a step, by rank"},
     {NULL},
@@ -890,7 +1029,8 @@ PyMODINIT_FUNC PyInit__shmcore(void) {
         PyModule_AddIntConstant(m, "K_SCAN", K_SCAN) < 0 ||
         PyModule_AddIntConstant(m, "K_REDUCE_SCATTER", K_REDUCE_SCATTER) < 0 ||
         PyModule_AddIntConstant(m, "K_ALLGATHER", K_ALLGATHER) < 0 ||
-        PyModule_AddIntConstant(m, "K_BROADCAST", K_BROADCAST) < 0) {
+        PyModule_AddIntConstant(m, "K_BROADCAST", K_BROADCAST) < 0 ||
+        PyModule_AddIntConstant(m, "K_ALLTOALL", K_ALLTOALL) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -48,7 +48,7 @@ enum { T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_U64, T_I64, T_F16, T_BF16, T_F3
 enum { O_ADD, O_MUL, O_MIN, O_MAX, O_AND, O_OR, O_XOR, O_COUNT };
 enum { F_AVG = 1, F_SCALE = 2, F_INCLUSIVE = 4, F_EXCLUSIVE = 8 };
 /* the kinds of call the core takes */
-enum { K_REDUCE, K_SCAN, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_COUNT };
+enum { K_REDUCE, K_SCAN, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_ALLTOALL, K_COUNT };
 
 /* A reduction order as a program (fcoll/backends/tree/order.py, `Program`): ``k`` ops
  * (dst, a, b) in ``ops`` (3 k ints, malloc'ed), each dst = a op b elementwise; an operand is

@@ -44,13 +44,14 @@ ENV = "FCOLL_SHM"
 # Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
 # did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
 # (bench/shm_movement.py).
-MIN_BYTES = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10, "barrier": 0,
-             "broadcast": 128 << 10}
+MIN_BYTES: dict[str, float] = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10,
+                               "barrier": 0, "broadcast": 128 << 10,
+                               "all_to_all": float("inf")}  # the numpy steps: tests (FCOLL_SHM=1)
 MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
 # With the compiled core stepping (fcoll.backends.native), from the first byte
 # (bench/shm_movement.py, docs/performance.md).
 NATIVE_MIN_BYTES = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0,
-                    "barrier": 0}
+                    "barrier": 0, "all_to_all": 0}
 NATIVE_MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}

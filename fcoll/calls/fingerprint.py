@@ -28,7 +28,7 @@ import numpy as np
 from fcoll.calls.errors import CollectiveMismatchError
 
 KINDS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast", "scan",
-         "exscan", "reduce", "all_to_all_single", "sendrecv", "barrier")
+         "exscan", "reduce", "all_to_all_single", "sendrecv", "barrier", "all_to_all")
 OPS = ("", "sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "bfloat16", "float32", "float64", "complex64", "complex128")

@@ -252,14 +252,26 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
     return run
 
 
-def all_to_all(g: Any, byte: Any) -> Fast:
+def all_to_all(g: Any, byte: Any, dtype: np.dtype[Any] | None = None, key: Any = None) -> Fast:
+    """MPI's all_to_all; with ``dtype`` (the group's all-to-alls go through its segment, the
+    compiled core stepping) through the core instead, its own callable once the segment
+    steps (`fcoll.collectives._fast_native.swapper`), the full path where the segment cannot
+    hold ``x`` yet."""
     comm, empty, n = g._comm, np.empty, g.size
     calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
+    core = None
+    if dtype is not None:
+        fp = fingerprint("all_to_all_single", "", dtype)
+        swap = _native.swapper(ALL_TO_ALL, key, g, "alltoall", "all_to_all_single",
+                               fp) if key is not None else None
+        core = _native.call(g, "all_to_all_single", "alltoall", fp, -1.0, swap=swap)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
         if not shape or shape[0] % n or not x.flags.c_contiguous:
             return None
+        if core is not None:
+            return core(x)  # type: ignore[no-any-return]
         g.seq += 1
         out = empty(shape, x.dtype)
         if calls is None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from fcoll.backends import mpi as backend
 from fcoll.calls.fingerprint import of as fingerprint
-from fcoll.collectives import _fold
+from fcoll.collectives import _alltoall, _fold
 from fcoll.collectives.movement import allgather
 from fcoll.dispatch import on_node, shm_limit
 from fcoll.groups import detail
@@ -145,4 +145,4 @@ def all_to_all(x: np.ndarray, out: np.ndarray, group: Group | None) -> None:
         check_divisible(x.shape if x.ndim else (1,), 0, g.size, fn, "x.shape[0]")
         _writable(out, fn, x.nbytes)
     data = x if x.flags.c_contiguous and not np.may_share_memory(x, out) else x.copy()
-    backend.alltoall(call, data, out)
+    _alltoall.even(call, data, out)

@@ -14,6 +14,7 @@ from typing import Any, overload
 import numpy as np
 
 from fcoll.backends import mpi as backend
+from fcoll.collectives import _alltoall
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dispatch import INTEROP, device, device_list, gpu_backend, interop
 from fcoll.gpu import route
@@ -152,11 +153,4 @@ def all_to_all(chunks: Sequence[A], group: GroupArg = None) -> list[A]:
     g, call = member(group, fn)
     with detail.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
-    meta = backend.allgather_obj(call, [_meta(a) for a in arrays])
-    dtype = one_dtype([row[0][1] for row in meta], fn)
-    shapes = [meta[p][g.rank][0] for p in range(g.size)]
-    send = np.concatenate([as_bytes(a) for a in arrays])
-    counts = [nbytes_of(s, dtype) for s in shapes]
-    buf = backend.alltoallv(call, send, [a.nbytes for a in arrays],
-                            np.empty(sum(counts), np.uint8), counts)
-    return split_bytes(buf, dtype, shapes)  # type: ignore[return-value]  # numpy in, numpy out
+    return _alltoall.lists(call, arrays)  # type: ignore[return-value]  # numpy in, numpy out

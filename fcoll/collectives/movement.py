@@ -23,7 +23,7 @@ from fcoll.backends import mpi as backend
 from fcoll.backends import native, nodes
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import Call, Work, complete_pending
-from fcoll.collectives import _fast
+from fcoll.collectives import _alltoall, _fast
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.dispatch import across_nodes, device, on_node, shm_range
@@ -40,7 +40,6 @@ from fcoll.policy.validate import (
     check_sizes,
     check_splits,
     sizes_problem,
-    split_problem,
 )
 
 
@@ -328,19 +327,21 @@ def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll.policy.arr
         if async_op:
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(call, send, out), lambda: out, send)
-        _fast.learn(_fast.ALL_TO_ALL, _fast.key(group, x.dtype), g, _fast.all_to_all, backend.BYTE)
-        return backend.alltoall(call, c_order(x), np.empty(x.shape, x.dtype))
-    meta = backend.allgather_obj(call, (ins, outs, x.shape[1:], str(x.dtype)))
-    problem = split_problem(meta)
-    if problem is not None:
-        raise ValueError(f"{fn}: ranks disagree: {problem}")
-    received = [meta[p][0][g.rank] for p in range(n)]
+        shared, key = _alltoall.shared(call), _fast.key(group, x.dtype)
+        if not shared or native.running():  # the numpy steps (FCOLL_SHM=1 alone) have no fast path
+            _fast.learn(_fast.ALL_TO_ALL, key, g, _fast.all_to_all, backend.BYTE,
+                        x.dtype if shared else None, key)
+        return _alltoall.even(call, c_order(x))
+    if async_op:
+        return _uneven_async(call, x, ins, outs)
+    return _alltoall.uneven(call, c_order(x), ins, outs)
+
+
+def _uneven_async(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None) -> Work[np.ndarray]:
+    """`all_to_all_single` with uneven splits, started: the metadata now, then ``Ialltoallv``."""
+    received = _alltoall.pickled_sizes(call, x, ins, outs)
     row = nbytes_of(x.shape[1:], x.dtype)
     out = np.empty((sum(received), *x.shape[1:]), x.dtype)
-    send, send_counts = c_order(x), [s * row for s in ins]
-    recv_counts = [s * row for s in received]
-    if async_op:
-        send = private(send, x)
-        request = backend.ialltoallv(call, send, send_counts, out, recv_counts)
-        return launch(fn, g, request, lambda: out, send)
-    return backend.alltoallv(call, send, send_counts, out, recv_counts)
+    send = private(c_order(x), x)
+    request = backend.ialltoallv(call, send, [s * row for s in ins], out, [s * row for s in received])
+    return launch(call.fn, call.group, request, lambda: out, send)

@@ -1,0 +1,168 @@
+"""all_to_all_single (even and uneven splits) and all_to_all through on-node shared memory
+(fcoll/backends/shm_alltoall.py, the compiled core's alltoall and alltoallv): the same bytes as
+MPI (FCOLL_SHM=0) for every dtype, shape and layout with FCOLL_SHM=1, on every group kind;
+messages over several steps; the default group's fast path taking one step; ranks that
+disagree raising on every rank, the group usable after; words that cannot carry the metadata
+(many dims, dtypes that differ) falling back alike on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fcoll as fc
+from fcoll.backends import shm, shm_alltoall
+from fcoll.collectives import _alltoall
+from fcoll.groups.group import resolve_group
+from tests.helpers import ALL_DTYPES, bits, same_bits
+from tests.test_shm import _both, forced  # noqa: F401  (the fixture)
+
+ROWS = [0, 1, 3]  # rows per block
+
+
+def _blocks(n: int, rank: int, rows: int, dtype, tail=(2,), salt: int = 0) -> np.ndarray:
+    return bits(rank, (n * rows, *tail), dtype, salt)
+
+
+def _uneven(n: int, p: int, scale: int = 1) -> list[int]:
+    """Rank p's input split sizes: differ by rank and by destination, some zero."""
+    return [(p + 2 * j) % 3 * scale for j in range(n)]
+
+
+def _taken(group) -> int:
+    seg = resolve_group(group.arg, "test").shm
+    return seg.taken if seg else 0
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_even_splits_are_bit_identical(group, forced, dtype):  # noqa: F811
+    n = group.size
+    for rows in ROWS:
+        for tail in ((), (2,), (0, 3)):
+            x = _blocks(n, group.rank, rows, dtype, tail)
+            mpi, on_node = _both(fc.all_to_all_single, x, group=group.arg)
+            truth = np.concatenate([np.split(_blocks(n, p, rows, dtype, tail), n)[group.rank]
+                                    for p in range(n)])
+            assert same_bits(mpi, on_node) and same_bits(on_node, truth), (rows, tail)
+
+
+def test_layouts(group, forced):  # noqa: F811
+    """Non-contiguous, Fortran-ordered and read-only inputs; the into form."""
+    n = group.size
+    base = bits(group.rank, (4 * n, 6), np.float64, salt=4)
+    for x in (base[::2, ::2], np.asfortranarray(base)):
+        x.flags.writeable = False
+        mpi, on_node = _both(fc.all_to_all_single, x, group=group.arg)
+        assert same_bits(mpi, on_node) and on_node.flags.c_contiguous
+        assert not np.shares_memory(on_node, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.complex128, np.bool_], ids=str)
+@pytest.mark.parametrize("given", ["both", "inputs"])
+def test_uneven_splits_are_bit_identical(group, forced, dtype, given):  # noqa: F811
+    n, r = group.size, group.rank
+    for scale in (1, 5):
+        ins = _uneven(n, r, scale)
+        outs = [_uneven(n, p, scale)[r] for p in range(n)]
+        x = bits(r, (sum(ins), 3), dtype, salt=scale)
+        args = (outs if given == "both" else None, ins)
+        mpi, on_node = _both(fc.all_to_all_single, x, *args, group=group.arg)
+        parts = [np.split(bits(p, (sum(_uneven(n, p, scale)), 3), dtype, salt=scale),
+                          np.cumsum(_uneven(n, p, scale))[:-1])[r] for p in range(n)]
+        assert same_bits(mpi, on_node) and same_bits(on_node, np.concatenate(parts)), scale
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8], ids=str)
+def test_messages_over_several_steps(group, forced, dtype):  # noqa: F811
+    """Blocks of 2.3 steps' pieces (`shm_alltoall.piece`), even and uneven."""
+    n, r = group.size, group.rank
+    rows = int(2.3 * shm_alltoall.piece(n, 1 << 40)) // np.dtype(dtype).itemsize
+    x = _blocks(n, r, rows, dtype, (), salt=7)
+    mpi, on_node = _both(fc.all_to_all_single, x, group=group.arg)
+    assert same_bits(mpi, on_node)
+    ins = _uneven(n, r, rows // 2)
+    x = bits(r, (sum(ins),), dtype, salt=8)
+    mpi, on_node = _both(fc.all_to_all_single, x, None, ins, group=group.arg)
+    assert same_bits(mpi, on_node)
+
+
+def test_lists_are_bit_identical(group, forced):  # noqa: F811
+    """Chunks of different shapes (0-d, empty, 5-d: the pickled metadata) per destination."""
+    n, r = group.size, group.rank
+    for ndim_extra in (0, 4):
+        def shape(p: int, j: int, extra: int = ndim_extra) -> tuple[int, ...]:
+            return (() if (p + j) % 4 == 3 else ((p + j) % 3, j + 1)) + (1,) * extra
+        chunks = [bits(r, shape(r, j), np.int16, salt=j) for j in range(n)]
+        mpi, on_node = _both(fc.all_to_all, chunks, group=group.arg)
+        assert len(on_node) == n
+        for p in range(n):
+            truth = bits(p, shape(p, r), np.int16, salt=r)
+            assert same_bits(mpi[p], on_node[p]) and same_bits(on_node[p], truth), (p, ndim_extra)
+
+
+def test_the_default_groups_fast_path_takes_one_step(world_size, rank, forced, monkeypatch):  # noqa: F811
+    """Once the world's segment exists, an even all_to_all_single of the default group takes
+    one step from the fast path, without the full path (the compiled core running)."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    x = _blocks(world_size, rank, 5, np.float32, (3,), salt=2)
+    fc.all_to_all_single(x)
+    fc.all_to_all_single(x)  # learned (and swapped to the core's callable)
+    seg = fc.world().shm
+    if seg is None or seg.core is None:
+        pytest.skip("the compiled core is not stepping (FCOLL_NATIVE=0)")
+    monkeypatch.setattr(_alltoall, "even", lambda *a: pytest.fail("the full path"))
+    truth = np.concatenate([np.split(_blocks(world_size, p, 5, np.float32, (3,), salt=2),
+                                     world_size)[rank] for p in range(world_size)])
+    for _ in range(3):  # both step parities
+        steps = seg.step
+        assert same_bits(fc.all_to_all_single(x), truth)
+        assert seg.step == steps + 1
+
+
+def test_every_form_takes_the_segment(group, forced):  # noqa: F811
+    """Even, uneven and list calls all step the group's segment (where it has two ranks)."""
+    n, r = group.size, group.rank
+    fc.all_to_all_single(np.zeros(n), group=group.arg)  # the segment made
+    before = _taken(group)
+    y = fc.all_to_all_single(np.full(2 * n, r, np.int32), group=group.arg)
+    assert (y == np.repeat(np.arange(n), 2)).all()
+    ins = _uneven(n, r)
+    fc.all_to_all_single(np.zeros(sum(ins)), None, ins, group=group.arg)
+    fc.all_to_all([np.zeros(j) for j in range(n)], group=group.arg)
+    assert (_taken(group) >= before + 5) == (n > 1)  # 1 + 2 + 2 steps
+
+
+def test_disagreeing_splits_raise_on_every_rank(group, forced):  # noqa: F811
+    n, r = group.size, group.rank
+    if n == 1:
+        pytest.skip("needs two ranks")
+    ins = _uneven(n, r, 2)
+    outs = [_uneven(n, p, 2)[r] for p in range(n)]
+    wrong = list(outs)
+    wrong[0] += 1 if r == n - 1 else 0
+    x = np.ones((sum(ins), 2), np.float32)
+    with pytest.raises(ValueError, match=f"rank {n - 1} expects output_split_sizes\\[0\\]"):
+        fc.all_to_all_single(x, wrong, ins, group=group.arg)
+    # rows of another shape or dtype on one rank: the pickled metadata names them
+    y = x.astype(np.float64) if r == n - 1 else x
+    with pytest.raises(ValueError, match="ranks disagree"):
+        fc.all_to_all_single(y, outs, ins, group=group.arg)
+    with pytest.raises(ValueError, match="one dtype"):
+        fc.all_to_all([np.ones(2, np.int8 if r == 0 else np.int16) for _ in range(n)],
+                      group=group.arg)
+    with pytest.raises(fc.CollectiveMismatchError, match="differ in elements"):
+        fc.all_to_all_single(np.ones(n * (1 if r == 0 else 2)), group=group.arg)
+    y = fc.all_to_all_single(x, outs, ins, group=group.arg)  # the group still works
+    assert y.shape == (sum(outs), 2) and (y == 1).all()
+
+
+def test_the_segment_serves_every_size_with_the_core(world_size):
+    """FCOLL_SHM unset: all-to-alls take the segment at every size where the core steps (the
+    same choice on every rank, whatever its sizes), MPI without it."""
+    if world_size == 1 or shm.settings()[0] != "auto":
+        pytest.skip("needs two ranks and the default setting")
+    from fcoll.backends import native
+
+    assert shm.limit(fc.world(), "all_to_all") == (0 if native.running() else shm.NEVER)
+    assert shm.ceiling("all_to_all") == shm.NEVER
