@@ -166,3 +166,38 @@ def test_the_segment_serves_every_size_with_the_core(world_size):
 
     assert shm.limit(fc.world(), "all_to_all") == (0 if native.running() else shm.NEVER)
     assert shm.ceiling("all_to_all") == shm.NEVER
+
+
+def test_uneven_fast_path_takes_two_steps_and_grows(world_size, rank, forced, monkeypatch):  # noqa: F811
+    """With the core stepping, a repeated uneven call of the default group is one C call from
+    the fast path: its words' step and one data step, no full path; a later call too large
+    for the segment grows it (every rank alike) and still needs no full path; sizes that are
+    wrong on every rank fall through to the full path's errors."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    ins = _uneven(world_size, rank)
+    outs = [_uneven(world_size, p)[rank] for p in range(world_size)]
+    x = bits(rank, (sum(ins), 2), np.float64, salt=11)
+    first = fc.all_to_all_single(x, outs, ins)
+    fc.all_to_all_single(x, outs, ins)  # learned
+    seg = fc.world().shm
+    if seg is None or seg.core is None:
+        pytest.skip("the compiled core is not stepping (FCOLL_NATIVE=0)")
+    monkeypatch.setattr(_alltoall, "uneven", lambda *a: pytest.fail("the full path"))
+    for _ in range(3):  # both step parities
+        steps = seg.step
+        assert same_bits(fc.all_to_all_single(x, outs, ins), first)
+        assert fc.all_to_all_single(x, None, ins).shape == first.shape
+        assert seg.step == steps + 4
+    scale = seg.capacity // 16 + 1  # rows of 16 bytes: blocks larger than the segment
+    big_ins = _uneven(world_size, rank, scale)
+    big = bits(rank, (sum(big_ins), 2), np.float64, salt=12)
+    y = fc.all_to_all_single(big, None, big_ins)
+    parts = [np.split(bits(p, (sum(_uneven(world_size, p, scale)), 2), np.float64, salt=12),
+                      np.cumsum(_uneven(world_size, p, scale))[:-1])[rank] for p in range(world_size)]
+    assert same_bits(y, np.concatenate(parts))
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="sum\\(input_split_sizes\\)"):
+        fc.all_to_all_single(x, outs, [s + 1 for s in ins])
+    with pytest.raises(TypeError, match="list of ints"):
+        fc.all_to_all_single(x, outs, [float(s) for s in ins])

@@ -100,16 +100,8 @@
 
 PyObject *Mismatch, *Timeout;
 
-static inline Line *line_of(Core *c, int rank, int64_t step) {
-    return (Line *)(c->base + (Py_ssize_t)rank * PER_RANK + (step & 1) * LINE);
-}
-
 static inline Wake *wake_of(Core *c, int rank) {
     return (Wake *)(c->base + (Py_ssize_t)rank * PER_RANK + WAKE_AT);
-}
-
-static inline char *slot_of(Core *c, int rank, int64_t step) {
-    return c->base + c->head + ((step & 1) * c->n + rank) * c->capacity;
 }
 
 static double now_s(void) {
@@ -234,7 +226,7 @@ static int wait_peers(Core *c, int64_t step, double deadline, PyThreadState **ts
 
 /* Publish this rank's announcement (its data already in place), wait, compare; called
  * without the GIL (``*ts``). STEP_OK, or what raise_failed tells once the GIL is back. */
-static int exchange(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts) {
+int shm_exchange(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts) {
     int64_t step = ++c->step;
     Line *mine = line_of(c, c->rank, step);
     mine->fp = fp;
@@ -252,7 +244,7 @@ static int exchange(Core *c, int64_t fp, int64_t count, double deadline, PyThrea
 
 /* With the GIL again, after a step's loop ended in ``failed`` (not STEP_OK): its error,
  * Mismatch with the step (the core's last) or Timeout; STEP_ERROR: already set. */
-static void raise_failed(Core *c, int failed) {
+void shm_raise_failed(Core *c, int failed) {
     if (failed == STEP_TIMEOUT) {
         PyErr_SetString(Timeout, "the deadline passed");
     } else if (failed == STEP_MISMATCH) {
@@ -264,14 +256,9 @@ static void raise_failed(Core *c, int failed) {
     }
 }
 
-/* Where rank j's data of this step is: its line (small steps) or its slot. */
-static inline char *data_of(Core *c, int j, int64_t step, Py_ssize_t nbytes) {
-    return nbytes <= INLINE ? (char *)line_of(c, j, step)->data : slot_of(c, j, step);
-}
-
 /* ---- the collectives ---------------------------------------------------------------------- */
 
-static PyArrayObject *new_like(PyArrayObject *x, npy_intp first) {
+PyArrayObject *shm_new_like(PyArrayObject *x, npy_intp first) {
     npy_intp dims[NPY_MAXDIMS];
     int nd = PyArray_NDIM(x);
     if (nd > 0) memcpy(dims, PyArray_DIMS(x), sizeof(npy_intp) * (size_t)nd); /* 0-d: NULL */
@@ -281,25 +268,15 @@ static PyArrayObject *new_like(PyArrayObject *x, npy_intp first) {
     return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, d, nd, dims, NULL, NULL, 0, NULL);
 }
 
-static inline Py_ssize_t min_size(Py_ssize_t a, Py_ssize_t b) { return a < b ? a : b; }
 
 /* A call's steps ran without the GIL (``ts``, from PyEval_SaveThread); take it back: ``out``,
  * or NULL with the error of ``failed`` (exchange's result; ``out`` dropped) */
-static PyObject *finish(Core *c, PyThreadState *ts, int failed, PyArrayObject *out) {
+PyObject *shm_finish(Core *c, PyThreadState *ts, int failed, PyArrayObject *out) {
     PyEval_RestoreThread(ts);
     if (failed == STEP_OK) return (PyObject *)out;
-    raise_failed(c, failed);
+    shm_raise_failed(c, failed);
     Py_DECREF(out);
     return NULL;
-}
-
-/* bytes of each block an all-to-all step carries, its largest block ``most`` bytes: all of it
- * where n of them fit a chunk, else a chunk's n-th (64-byte aligned pieces) */
-static Py_ssize_t alltoall_piece(Core *c, Py_ssize_t most) {
-    Py_ssize_t per = c->chunk / c->n;
-    if (per > 64) per &= ~(Py_ssize_t)63;
-    if (most < per) per = most;
-    return per < 1 ? 1 : per;
 }
 
 /* elements of each block a reduce_scatter step carries */
@@ -326,7 +303,7 @@ int shm_takes(Core *c, const Step *s, PyArrayObject *x) {
     case K_ALLTOALL: {
         if (!contiguous || PyArray_NDIM(x) == 0 || PyArray_DIMS(x)[0] % c->n) return 0;
         Py_ssize_t block = nbytes / c->n;
-        return min_size(block, alltoall_piece(c, block)) * c->n <= c->capacity;
+        return min_size(block, shm_alltoall_piece(c, block)) * c->n <= c->capacity;
     }
     case K_BROADCAST: /* the root reads x as it is; the others only its shape */
         return s->root >= 0 && s->root < c->n && (contiguous || c->rank != s->root) &&
@@ -372,7 +349,7 @@ static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *
     if (scratch == NULL) return NULL;
     PyArrayObject *out;
     if (given == Py_None) {
-        out = new_like(x, -1);
+        out = shm_new_like(x, -1);
     } else if (s->kind == K_REDUCE && PyArray_Check(given) &&
                PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
                PyArray_ISWRITEABLE((PyArrayObject *)given) &&
@@ -393,7 +370,7 @@ static PyObject *run_reduce(Core *c, const Step *s, PyArrayObject *x, PyObject *
     PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
     int failed = shm_reduce_steps(c, s, prog, src, dst, total, published, scratch, &ts);
     free(allocated);
-    return finish(c, ts, failed, out);
+    return shm_finish(c, ts, failed, out);
 }
 
 int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *src, char *dst,
@@ -409,7 +386,7 @@ int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *sr
         char *mine = data_of(c, c->rank, step, nbytes);
         if (scale) scale_copy(mine, src + at * esz, s->type, m, s->factor);
         else if (nbytes) memcpy(mine, src + at * esz, (size_t)nbytes);
-        if ((failed = exchange(c, s->fp, total, s->deadline, ts)) != STEP_OK) break;
+        if ((failed = shm_exchange(c, s->fp, total, s->deadline, ts)) != STEP_OK) break;
         for (int j = 0; j < n; ++j)
             rows[j] = (j == c->rank && !published) ? src + at * esz : data_of(c, j, step, nbytes);
         fold_program(prog, s->type, s->op, avg, n, rows, dst + at * esz, m * (esz / fsz), scratch);
@@ -419,7 +396,7 @@ int shm_reduce_steps(Core *c, const Step *s, const Program *prog, const char *sr
 }
 
 int shm_announce(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts) {
-    return exchange(c, fp, count, deadline, ts);
+    return shm_exchange(c, fp, count, deadline, ts);
 }
 
 size_t shm_scratch(Core *c, const Step *s, Py_ssize_t total) {
@@ -440,7 +417,7 @@ static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
     char *allocated, *scratch = scratch_for(c, prog, s->type, min_size(size, per) * (esz / fsz),
                                             stack, &allocated);
     if (scratch == NULL) return NULL;
-    PyArrayObject *out = new_like(x, PyArray_DIMS(x)[0] / n);
+    PyArrayObject *out = shm_new_like(x, PyArray_DIMS(x)[0] / n);
     if (out == NULL) {
         free(allocated);
         return NULL;
@@ -459,7 +436,7 @@ static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
             if (scale) scale_copy(mine + j * piece, from, s->type, m, s->factor);
             else if ((j != me || published) && piece) memcpy(mine + j * piece, from, (size_t)piece);
         }
-        if ((failed = exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
+        if ((failed = shm_exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
         for (int j = 0; j < n; ++j)
             rows[j] = (j == me && !published) ? src + ((Py_ssize_t)me * size + at) * esz
                                           : data_of(c, j, step, piece * n) + me * piece;
@@ -467,7 +444,7 @@ static PyObject *run_reduce_scatter(Core *c, const Step *s, PyArrayObject *x) {
         if (size == 0) break;
     }
     free(allocated);
-    return finish(c, ts, failed, out);
+    return shm_finish(c, ts, failed, out);
 }
 
 /* allgather: every rank's x in rank order, into ``given`` (Py_None: a new array, shape[0]
@@ -477,7 +454,7 @@ static PyObject *run_allgather(Core *c, const Step *s, PyArrayObject *x, PyObjec
     Py_ssize_t nbytes = PyArray_NBYTES(x);
     PyArrayObject *out;
     if (given == Py_None && PyArray_NDIM(x) > 0) {
-        out = new_like(x, PyArray_DIMS(x)[0] * n);
+        out = shm_new_like(x, PyArray_DIMS(x)[0] * n);
         if (out == NULL) return NULL;
     } else if (given != Py_None && PyArray_Check(given) &&
                PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) &&
@@ -499,66 +476,19 @@ static PyObject *run_allgather(Core *c, const Step *s, PyArrayObject *x, PyObjec
         Py_ssize_t m = min_size(nbytes - at, c->chunk);
         int64_t step = c->step + 1;
         if (m) memcpy(data_of(c, me, step, m), src + at, (size_t)m);
-        if ((failed = exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
+        if ((failed = shm_exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
         for (int j = 0; j < n && m; ++j)
             memcpy(dst + j * nbytes + at, j == me ? src + at : data_of(c, j, step, m), (size_t)m);
         if (nbytes == 0) break;
     }
-    return finish(c, ts, failed, out);
-}
-
-/* all-to-all's steps (the GIL released, ``*ts``): block j of ``src`` (``scount[j]`` bytes at
- * ``sdispl[j]``) goes to rank j, rank j's block for this rank into ``dst`` at ``rdispl[j]``
- * (``rcount[j]`` bytes); ``most``, the largest block of any rank (the same on every rank),
- * sets the steps: each carries the next piece (alltoall_piece) of every block, this rank's
- * own copied straight from ``src``. ``count``: what the steps announce. */
-static int alltoall_steps(Core *c, const Step *s, const char *src, const Py_ssize_t *scount,
-                          const Py_ssize_t *sdispl, char *dst, const Py_ssize_t *rcount,
-                          const Py_ssize_t *rdispl, Py_ssize_t most, int64_t count,
-                          PyThreadState **ts) {
-    int n = c->n, me = c->rank, failed = STEP_OK;
-    Py_ssize_t per = alltoall_piece(c, most);
-    for (Py_ssize_t at = 0; at < most || (most == 0 && at == 0); at += per) {
-        int64_t step = c->step + 1;
-        char *mine = data_of(c, me, step, per * n);
-        for (int j = 0; j < n; ++j) {
-            Py_ssize_t m = min_size(scount[j] - at, per);
-            if (j != me && m > 0) memcpy(mine + j * per, src + sdispl[j] + at, (size_t)m);
-        }
-        if ((failed = exchange(c, s->fp, count, s->deadline, ts)) != STEP_OK) break;
-        for (int j = 0; j < n; ++j) {
-            Py_ssize_t m = min_size(rcount[j] - at, per);
-            const char *from = j == me ? src + sdispl[me] + at : data_of(c, j, step, per * n) + me * per;
-            if (m > 0) memcpy(dst + rdispl[j] + at, from, (size_t)m);
-        }
-        if (most == 0) break;
-    }
-    return failed;
-}
-
-/* all_to_all_single with even splits: block j (x's rows split n ways) to rank j, a new array */
-static PyObject *run_alltoall(Core *c, const Step *s, PyArrayObject *x) {
-    int n = c->n;
-    PyArrayObject *out = new_like(x, -1);
-    if (out == NULL) return NULL;
-    Py_ssize_t block = PyArray_NBYTES(x) / n, counts[MAX_RANKS], displs[MAX_RANKS];
-    for (int j = 0; j < n; ++j) {
-        counts[j] = block;
-        displs[j] = j * block;
-    }
-    const char *src = PyArray_BYTES(x);
-    char *dst = PyArray_BYTES(out);
-    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
-    int failed = alltoall_steps(c, s, src, counts, displs, dst, counts, displs, block,
-                                PyArray_SIZE(x), &ts);
-    return finish(c, ts, failed, out);
+    return shm_finish(c, ts, failed, out);
 }
 
 /* broadcast: the root copies into its line or slot and its result, the others copy out */
 static PyObject *run_broadcast(Core *c, const Step *s, PyArrayObject *x) {
     Py_ssize_t nbytes = PyArray_NBYTES(x);
     int root = s->root, is_root = c->rank == root;
-    PyArrayObject *out = new_like(x, -1);
+    PyArrayObject *out = shm_new_like(x, -1);
     if (out == NULL) return NULL;
     char *dst = PyArray_BYTES(out);
     const char *src = PyArray_BYTES(x);
@@ -572,11 +502,11 @@ static PyObject *run_broadcast(Core *c, const Step *s, PyArrayObject *x) {
             memcpy(data_of(c, root, step, m), src + at, (size_t)m);
             memcpy(dst + at, src + at, (size_t)m);
         }
-        if ((failed = exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
+        if ((failed = shm_exchange(c, s->fp, count, s->deadline, &ts)) != STEP_OK) break;
         if (!is_root && m) memcpy(dst + at, data_of(c, root, step, m), (size_t)m);
         if (nbytes == 0) break;
     }
-    return finish(c, ts, failed, out);
+    return shm_finish(c, ts, failed, out);
 }
 
 PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
@@ -591,7 +521,7 @@ PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
     case K_BROADCAST:
         return run_broadcast(c, s, x);
     case K_ALLTOALL:
-        return run_alltoall(c, s, x);
+        return shm_alltoall_run(c, s, x);
     }
     PyErr_SetString(PyExc_ValueError, "_shmcore: no such kind of call");
     return NULL;
@@ -608,7 +538,7 @@ int shm_fold_ok(int type, int op) {
     return 0;
 }
 
-static PyObject *call(Core *c, Step *s, PyObject *x, PyObject *out) {
+PyObject *shm_call(Core *c, Step *s, PyObject *x, PyObject *out) {
     if (!PyArray_Check(x) || !shm_takes(c, s, (PyArrayObject *)x)) Py_RETURN_NONE;
     return shm_run(c, s, (PyArrayObject *)x, out);
 }
@@ -621,7 +551,7 @@ static PyObject *reduction(Core *c, PyObject *args, int kind) {
                           &s.deadline) || shm_fold_ok(s.type, s.op) < 0)
         return NULL;
     s.fp = (int64_t)fp;
-    return call(c, &s, x, Py_None);
+    return shm_call(c, &s, x, Py_None);
 }
 
 static PyObject *Core_allreduce(Core *c, PyObject *args) { return reduction(c, args, K_REDUCE); }
@@ -636,7 +566,7 @@ static PyObject *Core_allreduce_into(Core *c, PyObject *args) {
                           &fp, &s.deadline) || shm_fold_ok(s.type, s.op) < 0)
         return NULL;
     s.fp = (int64_t)fp;
-    return call(c, &s, x, given);
+    return shm_call(c, &s, x, given);
 }
 static PyObject *Core_scan(Core *c, PyObject *args) { return reduction(c, args, K_SCAN); }
 static PyObject *Core_reduce_scatter(Core *c, PyObject *args) {
@@ -651,7 +581,7 @@ static PyObject *Core_allgather(Core *c, PyObject *args) {
     s.fp = (int64_t)fp;
     if (given == Py_None && PyArray_Check(x) && PyArray_NDIM((PyArrayObject *)x) == 0)
         Py_RETURN_NONE;
-    return call(c, &s, x, given);
+    return shm_call(c, &s, x, given);
 }
 
 static PyObject *Core_broadcast(Core *c, PyObject *args) {
@@ -660,79 +590,7 @@ static PyObject *Core_broadcast(Core *c, PyObject *args) {
     Step s = {.kind = K_BROADCAST};
     if (!PyArg_ParseTuple(args, "OiLd", &x, &s.root, &fp, &s.deadline)) return NULL;
     s.fp = (int64_t)fp;
-    return call(c, &s, x, Py_None);
-}
-
-static PyObject *Core_alltoall(Core *c, PyObject *args) {
-    PyObject *x;
-    long long fp;
-    Step s = {.kind = K_ALLTOALL};
-    if (!PyArg_ParseTuple(args, "OLd", &x, &fp, &s.deadline)) return NULL;
-    s.fp = (int64_t)fp;
-    return call(c, &s, x, Py_None);
-}
-
-/* n byte counts or offsets from an int64 array: 0, or -1 with ValueError set */
-static int sizes_from(Core *c, PyObject *given, Py_ssize_t *sizes, const char *name) {
-    if (!PyArray_Check(given) || PyArray_TYPE((PyArrayObject *)given) != NPY_INT64 ||
-        PyArray_NDIM((PyArrayObject *)given) != 1 || PyArray_DIMS((PyArrayObject *)given)[0] != c->n ||
-        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given)) {
-        PyErr_Format(PyExc_ValueError, "_shmcore.alltoallv: expected %s to be an int64 array of "
-                                       "%d entries", name, c->n);
-        return -1;
-    }
-    const int64_t *v = (const int64_t *)PyArray_DATA((PyArrayObject *)given);
-    for (int j = 0; j < c->n; ++j) {
-        if (v[j] < 0) {
-            PyErr_Format(PyExc_ValueError, "_shmcore.alltoallv: expected %s >= 0", name);
-            return -1;
-        }
-        sizes[j] = (Py_ssize_t)v[j];
-    }
-    return 0;
-}
-
-/* alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): bytes of the C-contiguous x
- * to the C-contiguous writable out, as MPI_Alltoallv on bytes with the blocks packed in rank
- * order (counts: int64 arrays of n); ``most``: the largest block of any rank (every rank's
- * alike). out, or None where the segment does not hold a step. */
-static PyObject *Core_alltoallv(Core *c, PyObject *args) {
-    PyObject *x, *given, *sc, *rc;
-    long long fp, count;
-    Py_ssize_t most, scount[MAX_RANKS], sdispl[MAX_RANKS], rcount[MAX_RANKS], rdispl[MAX_RANKS];
-    Step s = {.kind = K_ALLTOALL};
-    if (!PyArg_ParseTuple(args, "OOOOnLLd", &x, &sc, &given, &rc, &most, &fp, &count, &s.deadline))
-        return NULL;
-    if (c->n > MAX_RANKS || sizes_from(c, sc, scount, "scounts") < 0 ||
-        sizes_from(c, rc, rcount, "rcounts") < 0)
-        return NULL;
-    Py_ssize_t sends = 0, recvs = 0;
-    for (int j = 0; j < c->n; ++j) {
-        sdispl[j] = sends;
-        rdispl[j] = recvs;
-        sends += scount[j];
-        recvs += rcount[j];
-        if (scount[j] > most || rcount[j] > most) {
-            PyErr_SetString(PyExc_ValueError, "_shmcore.alltoallv: a block exceeds most");
-            return NULL;
-        }
-    }
-    if (!PyArray_Check(x) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x) || !PyArray_Check(given) ||
-        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) ||
-        !PyArray_ISWRITEABLE((PyArrayObject *)given) || sends > PyArray_NBYTES((PyArrayObject *)x) ||
-        recvs > PyArray_NBYTES((PyArrayObject *)given)) {
-        PyErr_SetString(PyExc_ValueError, "_shmcore.alltoallv: expected C-contiguous x and a "
-                                          "writable C-contiguous out that hold their blocks");
-        return NULL;
-    }
-    if (min_size(most, alltoall_piece(c, most)) * c->n > c->capacity) Py_RETURN_NONE;
-    s.fp = (int64_t)fp;
-    const char *src = PyArray_BYTES((PyArrayObject *)x);
-    char *dst = PyArray_BYTES((PyArrayObject *)given);
-    PyThreadState *ts = PyEval_SaveThread();
-    int failed = alltoall_steps(c, &s, src, scount, sdispl, dst, rcount, rdispl, most,
-                                (int64_t)count, &ts);
-    return finish(c, ts, failed, (PyArrayObject *)Py_NewRef(given));
+    return shm_call(c, &s, x, Py_None);
 }
 
 static PyObject *Core_announce(Core *c, PyObject *args) {
@@ -740,10 +598,10 @@ static PyObject *Core_announce(Core *c, PyObject *args) {
     double deadline;
     if (!PyArg_ParseTuple(args, "LLd", &fp, &count, &deadline)) return NULL;
     PyThreadState *ts = PyEval_SaveThread();
-    int failed = exchange(c, (int64_t)fp, (int64_t)count, deadline, &ts);
+    int failed = shm_exchange(c, (int64_t)fp, (int64_t)count, deadline, &ts);
     PyEval_RestoreThread(ts);
     if (failed != STEP_OK) {
-        raise_failed(c, failed);
+        shm_raise_failed(c, failed);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -919,6 +777,10 @@ static PyMethodDef Core_methods[] = {
      "alltoall(x, fp, deadline): x's rows in n blocks, block j to rank j; a new array, or None"},
     {"alltoallv", (PyCFunction)Core_alltoallv, METH_VARARGS,
      "alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): out, or None"},
+    {"alltoallv_rows", (PyCFunction)Core_alltoallv_rows, METH_VARARGS,
+     "alltoallv_rows(x, ins, outs, code, meta_fp, fp, deadline): uneven all_to_all_single: the "
+     "result, None (not taken), or a tuple: (\"rows\",), (\"disagree\", p, q, expected, sent), "
+     "(\"grow\", most, received)"},
     {"announce", (PyCFunction)Core_announce, METH_VARARGS, "announce(fp, count, deadline)"},
     {"announced", (PyCFunction)Core_announced, METH_VARARGS, "[(fp, count)] of a step, by rank"},
     {NULL},

@@ -99,6 +99,23 @@ void fold_program(const Program *p, int type, int op, int avg, int n, const char
                   char *out, Py_ssize_t count, char *scratch);
 void scale_copy(char *dst, const char *src, int type, Py_ssize_t count, double factor);
 
+
+/* Where things are in the segment (_shmcore.c's layout) */
+static inline Line *line_of(Core *c, int rank, int64_t step) {
+    return (Line *)(c->base + (Py_ssize_t)rank * PER_RANK + (step & 1) * LINE);
+}
+
+static inline char *slot_of(Core *c, int rank, int64_t step) {
+    return c->base + c->head + ((step & 1) * c->n + rank) * c->capacity;
+}
+
+/* Where rank j's data of this step is: its line (small steps) or its slot. */
+static inline char *data_of(Core *c, int j, int64_t step, Py_ssize_t nbytes) {
+    return nbytes <= INLINE ? (char *)line_of(c, j, step)->data : slot_of(c, j, step);
+}
+
+static inline Py_ssize_t min_size(Py_ssize_t a, Py_ssize_t b) { return a < b ? a : b; }
+
 extern PyObject *Mismatch, *Timeout; /* _shmcore.c */
 extern PyTypeObject CoreType, FastType;
 
@@ -109,6 +126,25 @@ int shm_takes(Core *c, const Step *s, PyArrayObject *x);
  * new array, NULL with Mismatch(step), Timeout or another error set; ``out``: allgather's or
  * allreduce's given result (x itself: in place) or Py_None */
 PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out);
+/* _shmcore.c, for the other files' calls: one step (publish fp and count, wait, compare;
+ * without the GIL, ``*ts``): STEP_OK or what failed; a new array of x's dtype and shape (its
+ * first dim ``first`` where >= 0); the GIL back and ``out`` or NULL with failed's error;
+ * shm_takes then shm_run, or None where the core does not take x */
+int shm_exchange(Core *c, int64_t fp, int64_t count, double deadline, PyThreadState **ts);
+PyArrayObject *shm_new_like(PyArrayObject *x, npy_intp first);
+PyObject *shm_finish(Core *c, PyThreadState *ts, int failed, PyArrayObject *out);
+PyObject *shm_call(Core *c, Step *s, PyObject *x, PyObject *out);
+/* with the GIL, after a step failed: its error set (Mismatch, Timeout; STEP_ERROR: already set) */
+void shm_raise_failed(Core *c, int failed);
+
+/* _shmalltoall.c: bytes of each block an all-to-all step carries; an even all_to_all_single
+ * (shm_run's K_ALLTOALL); the Core methods alltoall, alltoallv, alltoallv_rows */
+Py_ssize_t shm_alltoall_piece(Core *c, Py_ssize_t most);
+PyObject *shm_alltoall_run(Core *c, const Step *s, PyArrayObject *x);
+PyObject *Core_alltoall(Core *c, PyObject *args);
+PyObject *Core_alltoallv(Core *c, PyObject *args);
+PyObject *Core_alltoallv_rows(Core *c, PyObject *args);
+
 /* 0 where the core folds (type, op), else -1 with ValueError set */
 int shm_fold_ok(int type, int op);
 

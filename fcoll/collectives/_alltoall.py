@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fcoll.backends import mpi as backend
-from fcoll.backends import shm_alltoall
+from fcoll.backends import shm, shm_alltoall
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import Call
 from fcoll.collectives._common import nbytes_of, split_bytes
@@ -76,7 +76,48 @@ def uneven(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None) ->
     disagree raise `ValueError` together."""
     if not shared(call):
         return _uneven_mpi(call, x, ins, outs)
-    n, fn = call.group.size, call.fn
+    seg = shm._segment(call)
+    if seg.core is None:
+        return _uneven_words(call, x, ins, outs)
+    width = 2 * seg.n + 1
+    shm.ready(call, seg, 8 * width, META, width)
+    got = seg.native(call, seg.core.alltoallv_rows, x, ins, outs, _code(x.shape[1:], x.dtype),
+                     META, _fp("all_to_all_single", x.dtype))
+    return rows_result(call, x, ins, outs, got)
+
+
+def rows_result(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None, got: Any
+                ) -> np.ndarray:
+    """What the core's ``alltoallv_rows`` returned (every rank alike), as the call's result:
+    the array; the pickled exchange where rows or dtypes differ; `ValueError` where sizes
+    disagree; the data steps after the segment grew."""
+    if isinstance(got, np.ndarray):
+        call.end()
+        return got
+    if got is None:
+        raise RuntimeError(f"{call.fn}: the compiled core did not take checked split sizes")
+    if got[0] == "rows":
+        return _uneven_mpi(call, x, ins, outs)
+    if got[0] == "disagree":
+        raise _disagree(call.fn, *got[1:])
+    _, most, received = got
+    row = x.itemsize * math.prod(x.shape[1:])
+    out = np.empty((sum(received), *x.shape[1:]), x.dtype)
+    return shm_alltoall.alltoallv(call, x, np.asarray(ins, np.int64) * row, out,
+                                  np.asarray(received, np.int64) * row, most,
+                                  _fp("all_to_all_single", x.dtype))
+
+
+def _disagree(fn: str, p: int, q: int, expected: int, sent: int) -> ValueError:
+    return ValueError(f"{fn}: ranks disagree: rank {p} expects output_split_sizes[{q}] = "
+                      f"{expected} rows but rank {q} sends {sent} (its input_split_sizes[{p}])")
+
+
+def _uneven_words(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None
+                  ) -> np.ndarray:
+    """`uneven` on the numpy path: the words' step (`shm_alltoall.agree`), their check here,
+    the data steps (`shm_alltoall.alltoallv`): what the core's ``alltoallv_rows`` does."""
+    n = call.group.size
     words = np.empty(2 * n + 1, np.int64)
     words[:n] = ins
     words[n : 2 * n] = outs if outs is not None else -1
@@ -88,9 +129,7 @@ def uneven(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None) ->
     bad = (wanted[:, :1] >= 0) & (wanted != sent.T)
     if bad.any():
         p, q = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{fn}: ranks disagree: rank {p} expects output_split_sizes[{q}] = "
-                         f"{wanted[p, q]} rows but rank {q} sends {sent[q, p]} (its "
-                         f"input_split_sizes[{p}])")
+        raise _disagree(call.fn, p, q, int(wanted[p, q]), int(sent[q, p]))
     received = sent[:, call.group.rank]
     row = x.itemsize * math.prod(x.shape[1:])
     out = np.empty((int(received.sum()), *x.shape[1:]), x.dtype)

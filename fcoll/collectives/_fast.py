@@ -20,7 +20,7 @@ exception: it is one function, `segment_call`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from fcoll.groups.group import Group
 
 Fast = Callable[[np.ndarray], "np.ndarray | None"]
+T = TypeVar("T")
 # keys: `key` (the default group's ``(op, dtype)``, ``dtype`` or ``(root, dtype)``, or
 # ``(group, that)`` for a Group passed as such)
 ALL_REDUCE: dict[Any, Fast] = {}
@@ -44,7 +45,10 @@ REDUCE_SCATTER: dict[Any, Fast] = {}
 ALL_GATHER: dict[Any, Fast] = {}
 ALL_TO_ALL: dict[Any, Fast] = {}
 BROADCAST: dict[Any, Fast] = {}
-_TABLES: tuple[dict[Any, Fast], ...] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, BROADCAST)
+# all_to_all_single with split sizes: ``fast(x, output_split_sizes, input_split_sizes)``
+ALL_TO_ALL_V: dict[Any, Callable[[np.ndarray, Any, Any], np.ndarray | None]] = {}
+_TABLES: tuple[dict[Any, Any], ...] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, BROADCAST,
+                                       ALL_TO_ALL_V)
 INF = float("inf")
 RS = _fingerprint.kind_bits("reduce_scatter_tensor")  # a plan's fingerprint is an all_reduce's
 
@@ -74,7 +78,7 @@ def key(group: Any, base: Any) -> Any:
     return (group, base) if type(group) is Group else None
 
 
-def learn(table: dict[Any, Fast], key: Any, g: Group, make: Callable[..., Fast], *args: Any) -> None:
+def learn(table: dict[Any, T], key: Any, g: Group, make: Callable[..., T], *args: Any) -> None:
     """Leave ``make(g, *args)`` in ``table`` under ``key`` unless one is there or ``g`` is not
     eligible (calls that fall through a fast path, e.g. large broadcasts, do not remake it).
 
@@ -284,6 +288,46 @@ def all_to_all(g: Any, byte: Any, dtype: np.dtype[Any] | None = None, key: Any =
             comm.Alltoall([x, byte], [out, byte])
             ends[i] = clock()
         return out
+
+    return run
+
+
+def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any], np.ndarray | None]:
+    """all_to_all_single with split sizes through the group's segment stepped by the compiled
+    core: one C call (``Core.alltoallv_rows``) checks the sizes, agrees on them with every rank
+    in one step and moves the rows; None (nothing sent) where it does not take the call (the
+    sizes are not ``n`` ints >= 0 summing to ``x.shape[0]``, the segment is too small), and the
+    full path raises or grows. ``dtype``: the arrays' dtype, for the fingerprint."""
+    from fcoll.collectives import _alltoall
+
+    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
+    name, fp, meta, code = "all_to_all_single", fingerprint("all_to_all_single", "", dtype), \
+        _alltoall.META, _alltoall._code
+    from fcoll.backends.native import module
+
+    mismatch = module().Mismatch
+
+    def run(x: np.ndarray, outs: Any, ins: Any) -> np.ndarray | None:
+        seg = g.shm
+        if not seg or (core := seg.core) is None or not x.flags.c_contiguous:
+            return None
+        call = g.call
+        call.fn = name
+        start = clock() if calls is not None else 0.0
+        try:
+            got = core.alltoallv_rows(x, ins, outs, code(x.shape[1:], dtype), meta, fp, -1.0)
+        except mismatch as error:
+            raise _native.told(g, name, error.args[0]) from None
+        if got is None:
+            return None
+        g.seq += 1
+        if calls is not None:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, name, "numpy", x.shape, x.dtype, start)
+            ends[i] = clock()
+        return _alltoall.rows_result(call, x, ins, outs, got)
 
     return run
 

@@ -314,6 +314,10 @@ def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll.policy.arr
         fast = _fast.ALL_TO_ALL.get((group, x.dtype))  # a group's own fast path
         if fast is not None and (y := fast(x)) is not None:
             return y
+    if input_split_sizes is not None and not async_op and type(x) is np.ndarray and (
+            fast_v := _fast.ALL_TO_ALL_V.get(_fast.key(group, x.dtype))) is not None and (
+            y := fast_v(x, output_split_sizes, input_split_sizes)) is not None:
+        return y
     fn = "all_to_all_single"
     if type(x) is not np.ndarray and (on := device(x, group)) is not None:
         return route.run(on, fn, all_to_all_single, x, output_split_sizes,  # type: ignore[no-any-return]
@@ -334,6 +338,8 @@ def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll.policy.arr
         return _alltoall.even(call, c_order(x))
     if async_op:
         return _uneven_async(call, x, ins, outs)
+    if input_split_sizes is not None and native.running() and _alltoall.shared(call):
+        _fast.learn(_fast.ALL_TO_ALL_V, _fast.key(group, x.dtype), g, _fast.all_to_all_v, x.dtype)
     return _alltoall.uneven(call, c_order(x), ins, outs)
 
 

@@ -1,0 +1,266 @@
+/* All-to-all through the segment (fcoll.backends.shm_alltoall): the Core methods ``alltoall``
+ * (even splits), ``alltoallv`` (counts in bytes, blocks packed in rank order) and
+ * ``alltoallv_rows`` (all_to_all_single's uneven splits whole: their metadata in one step, its
+ * check, then the data), and shm_run's K_ALLTOALL.
+ *
+ * Each data step carries the next piece of every block a rank sends (piece j at j * per of its
+ * line or slot); after the step's arrival every rank copies piece ``me`` of every peer's slot
+ * into its result, and its own block straight from its input. ``per`` (shm_alltoall_piece) is
+ * all of the largest block where n of them fit a chunk, else a chunk's n-th, so every rank
+ * takes the same steps from ``most``, the largest block of any rank.
+ *
+ * alltoallv_rows's first step publishes 2n + 1 int64 words: this rank's input split sizes,
+ * its output split sizes (-1: not given) and a word for its rows' shape and dtype. Every rank
+ * then reads every rank's words and reaches the same verdict: the data steps, the rows or
+ * dtypes differ (the caller's pickled exchange names them), or a rank expects other sizes
+ * than its peers send (the first such pair, for the caller's ValueError) — so ranks that
+ * disagree fail together and none reads garbage. The words stay readable until every rank
+ * reached the next step (the segment's parity rule).
+ */
+#define NO_IMPORT_ARRAY
+#include "_shmcore.h"
+
+/* bytes of each block an all-to-all step carries, its largest block ``most`` bytes: all of it
+ * where n of them fit a chunk, else a chunk's n-th (64-byte aligned pieces) */
+Py_ssize_t shm_alltoall_piece(Core *c, Py_ssize_t most) {
+    Py_ssize_t per = c->chunk / c->n;
+    if (per > 64) per &= ~(Py_ssize_t)63;
+    if (most < per) per = most;
+    return per < 1 ? 1 : per;
+}
+
+/* all-to-all's steps (the GIL released, ``*ts``): block j of ``src`` (``scount[j]`` bytes at
+ * ``sdispl[j]``) goes to rank j, rank j's block for this rank into ``dst`` at ``rdispl[j]``
+ * (``rcount[j]`` bytes); ``most``, the largest block of any rank (the same on every rank),
+ * sets the steps: each carries the next piece (shm_alltoall_piece) of every block, this rank's
+ * own copied straight from ``src``. ``count``: what the steps announce. */
+static int alltoall_steps(Core *c, const Step *s, const char *src, const Py_ssize_t *scount,
+                          const Py_ssize_t *sdispl, char *dst, const Py_ssize_t *rcount,
+                          const Py_ssize_t *rdispl, Py_ssize_t most, int64_t count,
+                          PyThreadState **ts) {
+    int n = c->n, me = c->rank, failed = STEP_OK;
+    Py_ssize_t per = shm_alltoall_piece(c, most);
+    for (Py_ssize_t at = 0; at < most || (most == 0 && at == 0); at += per) {
+        int64_t step = c->step + 1;
+        char *mine = data_of(c, me, step, per * n);
+        for (int j = 0; j < n; ++j) {
+            Py_ssize_t m = min_size(scount[j] - at, per);
+            if (j != me && m > 0) memcpy(mine + j * per, src + sdispl[j] + at, (size_t)m);
+        }
+        if ((failed = shm_exchange(c, s->fp, count, s->deadline, ts)) != STEP_OK) break;
+        for (int j = 0; j < n; ++j) {
+            Py_ssize_t m = min_size(rcount[j] - at, per);
+            const char *from = j == me ? src + sdispl[me] + at : data_of(c, j, step, per * n) + me * per;
+            if (m > 0) memcpy(dst + rdispl[j] + at, from, (size_t)m);
+        }
+        if (most == 0) break;
+    }
+    return failed;
+}
+
+/* all_to_all_single with even splits: block j (x's rows split n ways) to rank j, a new array */
+PyObject *shm_alltoall_run(Core *c, const Step *s, PyArrayObject *x) {
+    int n = c->n;
+    PyArrayObject *out = shm_new_like(x, -1);
+    if (out == NULL) return NULL;
+    Py_ssize_t block = PyArray_NBYTES(x) / n, counts[MAX_RANKS], displs[MAX_RANKS];
+    for (int j = 0; j < n; ++j) {
+        counts[j] = block;
+        displs[j] = j * block;
+    }
+    const char *src = PyArray_BYTES(x);
+    char *dst = PyArray_BYTES(out);
+    PyThreadState *ts = PyEval_SaveThread(); /* no Python object touched until finish */
+    int failed = alltoall_steps(c, s, src, counts, displs, dst, counts, displs, block,
+                                PyArray_SIZE(x), &ts);
+    return shm_finish(c, ts, failed, out);
+}
+
+PyObject *Core_alltoall(Core *c, PyObject *args) {
+    PyObject *x;
+    long long fp;
+    Step s = {.kind = K_ALLTOALL};
+    if (!PyArg_ParseTuple(args, "OLd", &x, &fp, &s.deadline)) return NULL;
+    s.fp = (int64_t)fp;
+    return shm_call(c, &s, x, Py_None);
+}
+
+/* n byte counts or offsets from an int64 array: 0, or -1 with ValueError set */
+static int sizes_from(Core *c, PyObject *given, Py_ssize_t *sizes, const char *name) {
+    if (!PyArray_Check(given) || PyArray_TYPE((PyArrayObject *)given) != NPY_INT64 ||
+        PyArray_NDIM((PyArrayObject *)given) != 1 || PyArray_DIMS((PyArrayObject *)given)[0] != c->n ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given)) {
+        PyErr_Format(PyExc_ValueError, "_shmcore.alltoallv: expected %s to be an int64 array of "
+                                       "%d entries", name, c->n);
+        return -1;
+    }
+    const int64_t *v = (const int64_t *)PyArray_DATA((PyArrayObject *)given);
+    for (int j = 0; j < c->n; ++j) {
+        if (v[j] < 0) {
+            PyErr_Format(PyExc_ValueError, "_shmcore.alltoallv: expected %s >= 0", name);
+            return -1;
+        }
+        sizes[j] = (Py_ssize_t)v[j];
+    }
+    return 0;
+}
+
+/* alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): bytes of the C-contiguous x
+ * to the C-contiguous writable out, as MPI_Alltoallv on bytes with the blocks packed in rank
+ * order (counts: int64 arrays of n); ``most``: the largest block of any rank (every rank's
+ * alike). out, or None where the segment does not hold a step. */
+PyObject *Core_alltoallv(Core *c, PyObject *args) {
+    PyObject *x, *given, *sc, *rc;
+    long long fp, count;
+    Py_ssize_t most, scount[MAX_RANKS], sdispl[MAX_RANKS], rcount[MAX_RANKS], rdispl[MAX_RANKS];
+    Step s = {.kind = K_ALLTOALL};
+    if (!PyArg_ParseTuple(args, "OOOOnLLd", &x, &sc, &given, &rc, &most, &fp, &count, &s.deadline))
+        return NULL;
+    if (c->n > MAX_RANKS || sizes_from(c, sc, scount, "scounts") < 0 ||
+        sizes_from(c, rc, rcount, "rcounts") < 0)
+        return NULL;
+    Py_ssize_t sends = 0, recvs = 0;
+    for (int j = 0; j < c->n; ++j) {
+        sdispl[j] = sends;
+        rdispl[j] = recvs;
+        sends += scount[j];
+        recvs += rcount[j];
+        if (scount[j] > most || rcount[j] > most) {
+            PyErr_SetString(PyExc_ValueError, "_shmcore.alltoallv: a block exceeds most");
+            return NULL;
+        }
+    }
+    if (!PyArray_Check(x) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x) || !PyArray_Check(given) ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)given) || sends > PyArray_NBYTES((PyArrayObject *)x) ||
+        recvs > PyArray_NBYTES((PyArrayObject *)given)) {
+        PyErr_SetString(PyExc_ValueError, "_shmcore.alltoallv: expected C-contiguous x and a "
+                                          "writable C-contiguous out that hold their blocks");
+        return NULL;
+    }
+    if (min_size(most, shm_alltoall_piece(c, most)) * c->n > c->capacity) Py_RETURN_NONE;
+    s.fp = (int64_t)fp;
+    const char *src = PyArray_BYTES((PyArrayObject *)x);
+    char *dst = PyArray_BYTES((PyArrayObject *)given);
+    PyThreadState *ts = PyEval_SaveThread();
+    int failed = alltoall_steps(c, &s, src, scount, sdispl, dst, rcount, rdispl, most,
+                                (int64_t)count, &ts);
+    return shm_finish(c, ts, failed, (PyArrayObject *)Py_NewRef(given));
+}
+
+/* ``seq`` (a sequence of n ints >= 0) into ``v``: 0, or -1 without an error set where it is
+ * not one (the caller then leaves the call to its full path) */
+static int words_from(PyObject *seq, int n, int64_t *v) {
+    PyObject *fast = PySequence_Fast(seq, "");
+    if (fast == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int ok = PySequence_Fast_GET_SIZE(fast) == n;
+    for (int j = 0; ok && j < n; ++j) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, j);
+        long long value = PyLong_Check(item) ? PyLong_AsLongLong(item) : -1;
+        if (value == -1 && PyErr_Occurred()) PyErr_Clear();
+        ok = value >= 0;
+        v[j] = value;
+    }
+    Py_DECREF(fast);
+    return ok ? 0 : -1;
+}
+
+/* The first disagreement in every rank's words (``w``: n rows of 2n + 1): rank p expects
+ * ``outs_p[q]`` rows from q, which sends ``ins_q[p]``; 1 and the pair, or 0 */
+static int disagreement(const int64_t *const *w, int n, int *p, int *q) {
+    for (int a = 0; a < n; ++a) {
+        if (w[a][n] < 0) continue; /* rank a gave no output sizes */
+        for (int b = 0; b < n; ++b) {
+            if (w[a][n + b] != w[b][a]) {
+                *p = a;
+                *q = b;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* alltoallv_rows(x, ins, outs, code, meta_fp, fp, deadline): all_to_all_single with uneven
+ * splits (rows of the C-contiguous x, ``ins`` rows to each rank; ``outs`` the rows expected
+ * from each, or None; ``code`` a word for x's rows and dtype, equal where they agree). The
+ * result array; None where the core does not take the call (before any step: sizes that are
+ * not n ints >= 0 summing to x.shape[0], or a segment too small for the words); else a tuple
+ * every rank gets alike: ("rows",) where codes differ, ("disagree", p, q, expected, sent),
+ * ("grow", most, received) where the data needs a larger segment (most: the largest block in
+ * bytes; received: the rows from each rank). */
+PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
+    PyObject *x, *ins_given, *outs_given;
+    long long code, meta_fp, fp;
+    Step s = {.kind = K_ALLTOALL};
+    if (!PyArg_ParseTuple(args, "OOOLLLd", &x, &ins_given, &outs_given, &code, &meta_fp, &fp,
+                          &s.deadline))
+        return NULL;
+    int n = c->n, me = c->rank, width = 2 * c->n + 1;
+    if (n > MAX_RANKS || !PyArray_Check(x) || PyArray_NDIM((PyArrayObject *)x) == 0 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x) || (Py_ssize_t)width * 8 > c->capacity)
+        Py_RETURN_NONE;
+    PyArrayObject *a = (PyArrayObject *)x;
+    int64_t words[2 * MAX_RANKS + 1], total = 0;
+    if (words_from(ins_given, n, words) < 0) Py_RETURN_NONE;
+    for (int j = 0; j < n; ++j) total += words[j];
+    if (total != PyArray_DIMS(a)[0]) Py_RETURN_NONE;
+    if (outs_given == Py_None) {
+        for (int j = 0; j < n; ++j) words[n + j] = -1;
+    } else if (words_from(outs_given, n, words + n) < 0) {
+        Py_RETURN_NONE;
+    }
+    words[2 * n] = (int64_t)code;
+    Py_ssize_t row = PyArray_DIMS(a)[0] ? PyArray_NBYTES(a) / PyArray_DIMS(a)[0]
+                                       : PyArray_ITEMSIZE(a);
+    for (int d = 1; PyArray_DIMS(a)[0] == 0 && d < PyArray_NDIM(a); ++d) row *= PyArray_DIMS(a)[d];
+    /* the words' step */
+    int64_t step = c->step + 1;
+    memcpy(data_of(c, me, step, width * 8), words, (size_t)width * 8);
+    PyThreadState *ts = PyEval_SaveThread();
+    int failed = shm_exchange(c, (int64_t)meta_fp, width, s.deadline, &ts);
+    PyEval_RestoreThread(ts);
+    if (failed != STEP_OK) {
+        shm_raise_failed(c, failed);
+        return NULL;
+    }
+    const int64_t *w[MAX_RANKS];
+    int64_t most = 0, received = 0;
+    for (int j = 0; j < n; ++j) w[j] = (const int64_t *)data_of(c, j, step, width * 8);
+    for (int j = 0; j < n; ++j) {
+        if (w[j][2 * n] != w[0][2 * n]) return Py_BuildValue("(s)", "rows");
+        for (int k = 0; k < n; ++k) most = w[j][k] > most ? w[j][k] : most;
+    }
+    int p, q;
+    if (disagreement(w, n, &p, &q))
+        return Py_BuildValue("(siiLL)", "disagree", p, q, (long long)w[p][n + q], (long long)w[q][p]);
+    Py_ssize_t scount[MAX_RANKS], sdispl[MAX_RANKS], rcount[MAX_RANKS], rdispl[MAX_RANKS];
+    for (int j = 0; j < n; ++j) {
+        scount[j] = (Py_ssize_t)words[j] * row;
+        rcount[j] = (Py_ssize_t)w[j][me] * row;
+        sdispl[j] = j ? sdispl[j - 1] + scount[j - 1] : 0;
+        rdispl[j] = j ? rdispl[j - 1] + rcount[j - 1] : 0;
+        received += w[j][me];
+    }
+    most *= row;
+    if (min_size(most, shm_alltoall_piece(c, most)) * n > c->capacity) {
+        PyObject *rows = PyList_New(n);
+        for (int j = 0; rows != NULL && j < n; ++j) {
+            PyObject *v = PyLong_FromLongLong((long long)w[j][me]);
+            if (v == NULL) Py_CLEAR(rows);
+            else PyList_SET_ITEM(rows, j, v);
+        }
+        return rows == NULL ? NULL : Py_BuildValue("(snN)", "grow", (Py_ssize_t)most, rows);
+    }
+    PyArrayObject *out = shm_new_like(a, (npy_intp)received);
+    if (out == NULL) return NULL;
+    s.fp = (int64_t)fp;
+    const char *src = PyArray_BYTES(a);
+    char *dst = PyArray_BYTES(out);
+    ts = PyEval_SaveThread();
+    failed = alltoall_steps(c, &s, src, scount, sdispl, dst, rcount, rdispl, most, most, &ts);
+    return shm_finish(c, ts, failed, out);
+}
