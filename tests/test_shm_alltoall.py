@@ -87,7 +87,7 @@ def test_messages_over_several_steps(group, forced, dtype):  # noqa: F811
 
 
 def test_lists_are_bit_identical(group, forced):  # noqa: F811
-    """Chunks of different shapes (0-d, empty, 5-d: the pickled metadata) per destination."""
+    """Chunks of different shapes (0-d, empty, 6-d) per destination, aligned in the result."""
     n, r = group.size, group.rank
     for ndim_extra in (0, 4):
         def shape(p: int, j: int, extra: int = ndim_extra) -> tuple[int, ...]:
@@ -98,6 +98,7 @@ def test_lists_are_bit_identical(group, forced):  # noqa: F811
         for p in range(n):
             truth = bits(p, shape(p, r), np.int16, salt=r)
             assert same_bits(mpi[p], on_node[p]) and same_bits(on_node[p], truth), (p, ndim_extra)
+            assert on_node[p].flags.aligned
 
 
 def test_the_default_groups_fast_path_takes_one_step(world_size, rank, forced, monkeypatch):  # noqa: F811
@@ -157,15 +158,40 @@ def test_disagreeing_splits_raise_on_every_rank(group, forced):  # noqa: F811
     assert y.shape == (sum(outs), 2) and (y == 1).all()
 
 
-def test_the_segment_serves_every_size_with_the_core(world_size):
-    """FCOLL_SHM unset: all-to-alls take the segment at every size where the core steps (the
-    same choice on every rank, whatever its sizes), MPI without it."""
-    if world_size == 1 or shm.settings()[0] != "auto":
-        pytest.skip("needs two ranks and the default setting")
+def test_the_size_window_under_the_default_setting(world_size, rank):
+    """FCOLL_SHM unset, the core stepping: all-to-alls take the segment from the first byte up
+    to the ceiling (n blocks of the largest; lower on an oversubscribed node), MPI from there,
+    the same choice on every rank: uneven calls choose after their words' step."""
+    from fcoll import runtime
     from fcoll.backends import native
 
-    assert shm.limit(fc.world(), "all_to_all") == (0 if native.running() else shm.NEVER)
-    assert shm.ceiling("all_to_all") == shm.NEVER
+    if world_size == 1 or shm.settings()[0] != "auto" or not native.running():
+        pytest.skip("needs two ranks, the default setting and the compiled core")
+    top = shm.ceiling("all_to_all")
+    assert top == (shm.OVERSUBSCRIBED_MAX_BYTES if runtime.OVERSUBSCRIBED
+                   else shm.NATIVE_MAX_BYTES)["all_to_all"]
+    assert shm.limit(fc.world(), "all_to_all") == 0
+    g = fc.new_group()
+    try:
+        fc.all_to_all_single(np.zeros(world_size), group=g)  # the segment made
+        seg = g.shm
+        below = (int(top) // 8 - 1) // world_size * world_size  # elements under the ceiling
+        above = -(-int(top) // 8 // world_size) * world_size  # at or over it
+        for count, through in ((world_size, True), (below, True), (above, False)):
+            x = np.full(count, rank, np.float64)
+            nbytes = x.nbytes
+            before = seg.taken
+            y = fc.all_to_all_single(x, group=g)
+            assert (seg.taken > before) == through, nbytes
+            assert (y == np.repeat(np.arange(world_size), x.size // world_size)).all()
+            ins = [x.size // world_size] * world_size
+            before = seg.taken
+            y = fc.all_to_all_single(x, ins, ins, group=g)
+            steps = seg.taken - before  # the words' step, then the data's (MPI: none)
+            assert (steps >= 2) if through else steps == 1, nbytes
+            assert (y == np.repeat(np.arange(world_size), x.size // world_size)).all()
+    finally:
+        g.destroy()
 
 
 def test_uneven_fast_path_takes_two_steps_and_grows(world_size, rank, forced, monkeypatch):  # noqa: F811
@@ -201,3 +227,28 @@ def test_uneven_fast_path_takes_two_steps_and_grows(world_size, rank, forced, mo
         fc.all_to_all_single(x, outs, [s + 1 for s in ins])
     with pytest.raises(TypeError, match="list of ints"):
         fc.all_to_all_single(x, outs, [float(s) for s in ins])
+
+
+def test_lists_fast_path_takes_two_steps(world_size, rank, forced, monkeypatch):  # noqa: F811
+    """With the core stepping, a repeated all_to_all of the default group is one C call from
+    the fast path (two steps), without the full path; a list it does not take (another
+    dtype, a wrong length) goes the full path, which checks it."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    chunks = [bits(rank, (j + 1, 2), np.float32, salt=j) for j in range(world_size)]
+    first = fc.all_to_all(chunks)
+    fc.all_to_all(chunks)  # learned
+    seg = fc.world().shm
+    if seg is None or seg.core is None:
+        pytest.skip("the compiled core is not stepping (FCOLL_NATIVE=0)")
+    monkeypatch.setattr(_alltoall, "lists", lambda *a: pytest.fail("the full path"))
+    for _ in range(3):
+        steps = seg.step
+        got = fc.all_to_all(chunks)
+        assert all(same_bits(a, b) for a, b in zip(got, first, strict=True))
+        assert seg.step == steps + 2
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="to hold"):
+        fc.all_to_all(chunks[:-1])
+    got = fc.all_to_all([c.view(np.int32) for c in chunks])  # another dtype: its own path
+    assert all(same_bits(a, b.view(np.int32)) for a, b in zip(got, first, strict=True))

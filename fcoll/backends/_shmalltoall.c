@@ -184,20 +184,22 @@ static int disagreement(const int64_t *const *w, int n, int *p, int *q) {
     return 0;
 }
 
-/* alltoallv_rows(x, ins, outs, code, meta_fp, fp, deadline): all_to_all_single with uneven
+/* alltoallv_rows(x, ins, outs, code, meta_fp, fp, ceiling, deadline): all_to_all_single with uneven
  * splits (rows of the C-contiguous x, ``ins`` rows to each rank; ``outs`` the rows expected
  * from each, or None; ``code`` a word for x's rows and dtype, equal where they agree). The
  * result array; None where the core does not take the call (before any step: sizes that are
  * not n ints >= 0 summing to x.shape[0], or a segment too small for the words); else a tuple
  * every rank gets alike: ("rows",) where codes differ, ("disagree", p, q, expected, sent),
  * ("grow", most, received) where the data needs a larger segment (most: the largest block in
- * bytes; received: the rows from each rank). */
+ * bytes; received: the rows from each rank), ("mpi", most, received) where n blocks of ``most``
+ * bytes reach ``ceiling`` (-1: none): MPI's copies are faster there. */
 PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
     PyObject *x, *ins_given, *outs_given;
     long long code, meta_fp, fp;
+    Py_ssize_t ceiling;
     Step s = {.kind = K_ALLTOALL};
-    if (!PyArg_ParseTuple(args, "OOOLLLd", &x, &ins_given, &outs_given, &code, &meta_fp, &fp,
-                          &s.deadline))
+    if (!PyArg_ParseTuple(args, "OOOLLLnd", &x, &ins_given, &outs_given, &code, &meta_fp, &fp,
+                          &ceiling, &s.deadline))
         return NULL;
     int n = c->n, me = c->rank, width = 2 * c->n + 1;
     if (n > MAX_RANKS || !PyArray_Check(x) || PyArray_NDIM((PyArrayObject *)x) == 0 ||
@@ -246,14 +248,16 @@ PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
         received += w[j][me];
     }
     most *= row;
-    if (min_size(most, shm_alltoall_piece(c, most)) * n > c->capacity) {
+    int to_mpi = ceiling >= 0 && most * n >= ceiling;
+    if (to_mpi || min_size(most, shm_alltoall_piece(c, most)) * n > c->capacity) {
         PyObject *rows = PyList_New(n);
         for (int j = 0; rows != NULL && j < n; ++j) {
             PyObject *v = PyLong_FromLongLong((long long)w[j][me]);
             if (v == NULL) Py_CLEAR(rows);
             else PyList_SET_ITEM(rows, j, v);
         }
-        return rows == NULL ? NULL : Py_BuildValue("(snN)", "grow", (Py_ssize_t)most, rows);
+        return rows == NULL ? NULL : Py_BuildValue("(snN)", to_mpi ? "mpi" : "grow", (Py_ssize_t)most,
+                                                   rows);
     }
     PyArrayObject *out = shm_new_like(a, (npy_intp)received);
     if (out == NULL) return NULL;

@@ -778,9 +778,9 @@ static PyMethodDef Core_methods[] = {
     {"alltoallv", (PyCFunction)Core_alltoallv, METH_VARARGS,
      "alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): out, or None"},
     {"alltoallv_rows", (PyCFunction)Core_alltoallv_rows, METH_VARARGS,
-     "alltoallv_rows(x, ins, outs, code, meta_fp, fp, deadline): uneven all_to_all_single: the "
-     "result, None (not taken), or a tuple: (\"rows\",), (\"disagree\", p, q, expected, sent), "
-     "(\"grow\", most, received)"},
+     "alltoallv_rows(x, ins, outs, code, meta_fp, fp, ceiling, deadline): uneven "
+     "all_to_all_single: the result, None (not taken), or a tuple: (\"rows\",), (\"disagree\", "
+     "p, q, expected, sent), (\"grow\", most, received), (\"mpi\", most, received)"},
     {"announce", (PyCFunction)Core_announce, METH_VARARGS, "announce(fp, count, deadline)"},
     {"announced", (PyCFunction)Core_announced, METH_VARARGS, "[(fp, count)] of a step, by rank"},
     {NULL},

@@ -52,7 +52,11 @@ MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}  # then MPI's (pipelin
 # (bench/shm_movement.py, docs/performance.md).
 NATIVE_MIN_BYTES = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0,
                     "barrier": 0, "all_to_all": 0}
-NATIVE_MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}
+NATIVE_MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20,
+                    "all_to_all": 4 << 20}  # n blocks of the largest (bench/alltoall.py)
+# all_to_all with more ranks than cores on the node: from here MPI's copies were faster (n = 4
+# on 2 cores); `ceiling`
+OVERSUBSCRIBED_MAX_BYTES = {"all_to_all": 128 << 10}
 NEVER = float("inf")
 _MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
 _SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
@@ -106,6 +110,8 @@ def ceiling(op: str) -> float:
     """
     if settings()[0] != "auto":
         return NEVER
+    if runtime.OVERSUBSCRIBED and op in OVERSUBSCRIBED_MAX_BYTES:
+        return OVERSUBSCRIBED_MAX_BYTES[op]
     return (NATIVE_MAX_BYTES if native.running() else MAX_BYTES).get(op, NEVER)
 
 

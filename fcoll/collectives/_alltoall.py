@@ -5,10 +5,11 @@ group's on-node segment where it serves (`fcoll.backends.shm_alltoall`), else MP
 The segment serves a group on one node whenever `fcoll.backends.shm.limit` allows the
 ``all_to_all`` op at all (the compiled core running, or ``FCOLL_SHM=1``), whatever the sizes:
 uneven splits give ranks different sizes, and every rank must take the same path. There the
-metadata of uneven splits and of lists (split sizes; shapes and dtype) travels as int64 words
-in one step of the segment (`shm_alltoall.agree`) rather than as pickled objects over MPI;
-what cannot be told in words (a chunk of more than `DIMS` dims, dtypes that differ) sends
-every rank, alike, to the pickled exchange, which finds and raises the problem.
+split sizes of uneven calls travel as int64 words in one step of the segment (the core's
+``alltoallv_rows``, or `shm_alltoall.agree` on the numpy path) rather than as pickled objects
+over MPI, and a list's chunks travel as blocks of bytes each led by its header (dtype word,
+size, shape). What words cannot say (rows or dtypes that differ between ranks) sends every
+rank, alike, to the pickled exchange, which finds and names the problem.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from fcoll.dispatch import on_node
 from fcoll.policy.dtypes import as_bytes
 from fcoll.policy.validate import one_dtype, split_problem
 
-DIMS = 4  # dims of a list's chunk told in words; more: the pickled exchange
-META = fingerprint("all_to_all_single", "meta", np.dtype(np.int64))
-LIST_META = fingerprint("all_to_all", "meta", np.dtype(np.int64))
+ALIGN = 16  # a list's chunks start at multiples of this in the buffers (numpy's alignment)
+META = fingerprint("all_to_all_single", "meta", np.dtype(np.int64))  # the words' step
+METAS = {"all_to_all_single": META, "all_to_all": fingerprint("all_to_all", "meta", np.dtype(np.int64))}
 
 
 def shared(call: Call) -> bool:
@@ -38,9 +39,16 @@ def shared(call: Call) -> bool:
     return on_node(call, 0, "all_to_all") is not None
 
 
+def limit() -> int:
+    """The bytes (``n`` blocks of the largest) from which an all-to-all on a segment's group
+    takes MPI's copies instead (`fcoll.backends.shm.ceiling`; -1: none); equal on every rank."""
+    top = shm.ceiling("all_to_all")
+    return -1 if top == shm.NEVER else int(top)
+
+
 def even(call: Call, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Equal blocks of the C-contiguous ``x`` (checked), into ``out`` or a new array."""
-    if shared(call):
+    if shared(call) and not 0 <= limit() <= x.nbytes:
         y = shm_alltoall.alltoall(call, x, fingerprint("all_to_all_single", "", x.dtype))
         if out is None:
             return y
@@ -70,24 +78,25 @@ def _fp(kind: str, dtype: np.dtype[Any]) -> int:
     return fp
 
 
-def uneven(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None) -> np.ndarray:
+def uneven(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None,
+           kind: str = "all_to_all_single") -> np.ndarray:
     """Rows of the C-contiguous ``x`` in blocks of ``ins`` rows, block ``j`` to rank ``j``;
     ``outs``: what this rank expects from each (None: whatever they send). Ranks that
-    disagree raise `ValueError` together."""
+    disagree raise `ValueError` together. ``kind``: the call the fingerprints name."""
     if not shared(call):
         return _uneven_mpi(call, x, ins, outs)
     seg = shm._segment(call)
     if seg.core is None:
-        return _uneven_words(call, x, ins, outs)
-    width = 2 * seg.n + 1
-    shm.ready(call, seg, 8 * width, META, width)
+        return _uneven_words(call, x, ins, outs, kind)
+    width, meta = 2 * seg.n + 1, METAS[kind]
+    shm.ready(call, seg, 8 * width, meta, width)
     got = seg.native(call, seg.core.alltoallv_rows, x, ins, outs, _code(x.shape[1:], x.dtype),
-                     META, _fp("all_to_all_single", x.dtype))
-    return rows_result(call, x, ins, outs, got)
+                     meta, _fp(kind, x.dtype), limit())
+    return rows_result(call, x, ins, outs, got, kind)
 
 
-def rows_result(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None, got: Any
-                ) -> np.ndarray:
+def rows_result(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None, got: Any,
+                kind: str = "all_to_all_single") -> np.ndarray:
     """What the core's ``alltoallv_rows`` returned (every rank alike), as the call's result:
     the array; the pickled exchange where rows or dtypes differ; `ValueError` where sizes
     disagree; the data steps after the segment grew."""
@@ -100,12 +109,14 @@ def rows_result(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | Non
         return _uneven_mpi(call, x, ins, outs)
     if got[0] == "disagree":
         raise _disagree(call.fn, *got[1:])
-    _, most, received = got
+    verdict, most, received = got
     row = x.itemsize * math.prod(x.shape[1:])
+    if verdict == "mpi":
+        out = np.empty((sum(received), *x.shape[1:]), x.dtype)
+        return backend.alltoallv(call, x, [s * row for s in ins], out, [s * row for s in received])
     out = np.empty((sum(received), *x.shape[1:]), x.dtype)
     return shm_alltoall.alltoallv(call, x, np.asarray(ins, np.int64) * row, out,
-                                  np.asarray(received, np.int64) * row, most,
-                                  _fp("all_to_all_single", x.dtype))
+                                  np.asarray(received, np.int64) * row, most, _fp(kind, x.dtype))
 
 
 def _disagree(fn: str, p: int, q: int, expected: int, sent: int) -> ValueError:
@@ -113,8 +124,8 @@ def _disagree(fn: str, p: int, q: int, expected: int, sent: int) -> ValueError:
                       f"{expected} rows but rank {q} sends {sent} (its input_split_sizes[{p}])")
 
 
-def _uneven_words(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None
-                  ) -> np.ndarray:
+def _uneven_words(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None,
+                  kind: str) -> np.ndarray:
     """`uneven` on the numpy path: the words' step (`shm_alltoall.agree`), their check here,
     the data steps (`shm_alltoall.alltoallv`): what the core's ``alltoallv_rows`` does."""
     n = call.group.size
@@ -122,7 +133,7 @@ def _uneven_words(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | N
     words[:n] = ins
     words[n : 2 * n] = outs if outs is not None else -1
     words[-1] = _code(x.shape[1:], x.dtype)
-    meta = shm_alltoall.agree(call, words, META)
+    meta = shm_alltoall.agree(call, words, METAS[kind])
     if (meta[:, -1] != meta[0, -1]).any():  # rows or dtypes differ: the full story, and raise
         return _uneven_mpi(call, x, ins, outs)
     sent, wanted = meta[:, :n], meta[:, n : 2 * n]
@@ -133,8 +144,11 @@ def _uneven_words(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | N
     received = sent[:, call.group.rank]
     row = x.itemsize * math.prod(x.shape[1:])
     out = np.empty((int(received.sum()), *x.shape[1:]), x.dtype)
+    if 0 <= limit() <= int(sent.max()) * row * n:
+        return backend.alltoallv(call, x, [s * row for s in ins], out,
+                                 [int(s) * row for s in received])
     return shm_alltoall.alltoallv(call, x, words[:n] * row, out, received * row,
-                                  int(sent.max()) * row, _fp("all_to_all_single", x.dtype))
+                                  int(sent.max()) * row, _fp(kind, x.dtype))
 
 
 def _uneven_mpi(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | None) -> np.ndarray:
@@ -157,31 +171,55 @@ def pickled_sizes(call: Call, x: np.ndarray, ins: list[int], outs: list[int] | N
 
 
 def lists(call: Call, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """`fcoll.all_to_all` of checked ``arrays`` (one per rank, one dtype)."""
-    n, me = call.group.size, call.group.rank
+    """`fcoll.all_to_all` of checked ``arrays`` (one per rank, one dtype): through the segment
+    each chunk travels as one block of bytes led by its header (`_packed`), as an uneven
+    all-to-all of bytes; dtypes that differ between ranks (every rank sees every rank's in
+    the blocks it receives) send every rank to the pickled exchange, which names them."""
     if not shared(call):
         return _lists_mpi(call, arrays)
-    dtype = arrays[0].dtype
-    words = np.full(n * (1 + DIMS) + 1, 0, np.int64)
-    for j, a in enumerate(arrays):
-        words[j * (1 + DIMS)] = a.ndim if a.ndim <= DIMS else -1
-        words[j * (1 + DIMS) + 1 : j * (1 + DIMS) + 1 + min(a.ndim, DIMS)] = a.shape[:DIMS]
-    words[-1] = _code(dtype)
-    meta = shm_alltoall.agree(call, words, LIST_META)
-    ndims = meta[:, : n * (1 + DIMS)].reshape(n, n, 1 + DIMS)
-    if (meta[:, -1] != meta[0, -1]).any() or (ndims[:, :, 0] < 0).any():
+    send, sizes = _packed(arrays)
+    return unpacked(call, uneven(call, send, sizes, None, "all_to_all"), arrays)
+
+
+def unpacked(call: Call, buf: np.ndarray, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The chunks the blocks of ``buf`` hold; where their dtypes differ (every rank sees it)
+    the pickled exchange of ``arrays`` instead, which names them."""
+    chunks, codes = _unpacked(buf, arrays[0].dtype)
+    if len(set(codes)) > 1:
         return _lists_mpi(call, arrays)
-    sizes = ndims[:, :, 1:].copy()
-    for d in range(DIMS):  # a dim past a chunk's ndim counts 1 in its size
-        sizes[:, :, d][ndims[:, :, 0] <= d] = 1
-    nbytes = sizes.prod(axis=2) * dtype.itemsize
-    shapes = [tuple(int(s) for s in ndims[p, me, 1 : 1 + ndims[p, me, 0]]) for p in range(n)]
-    send = np.concatenate([as_bytes(a) for a in arrays])
-    counts = np.ascontiguousarray(nbytes[:, me])
-    buf = shm_alltoall.alltoallv(call, send, np.ascontiguousarray(nbytes[me]),
-                                 np.empty(int(counts.sum()), np.uint8), counts, int(nbytes.max()),
-                                 _fp("all_to_all", dtype))
-    return split_bytes(buf, dtype, shapes)
+    return chunks
+
+
+def _packed(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """Every chunk as header words ``[dtype word, nbytes, ndim, *shape]`` (an even count) then
+    its bytes padded to `ALIGN`, in one buffer; the blocks' sizes."""
+    code, parts, sizes = _code(arrays[0].dtype), [], []
+    for a in arrays:
+        head = np.array([code, a.nbytes, a.ndim, *a.shape, *_PAD[a.ndim % 2]], np.int64)
+        pad = -a.nbytes % ALIGN
+        parts += [head.view(np.uint8), as_bytes(a), _ZEROS[:pad]]
+        sizes.append(head.nbytes + a.nbytes + pad)
+    return np.concatenate(parts), sizes
+
+
+_PAD = ((0,), ())  # a word after an odd count of header words
+_ZEROS = np.zeros(ALIGN, np.uint8)
+
+
+def _unpacked(buf: np.ndarray, dtype: np.dtype[Any]) -> tuple[list[np.ndarray], list[int]]:
+    """The chunks in ``buf`` (`_packed` blocks, one per rank) as ``dtype`` arrays (views), and
+    each block's dtype word."""
+    chunks, codes, at, words = [], [], 0, buf[: buf.size // 8 * 8].view(np.int64)
+    while at < buf.size:
+        code, nbytes, ndim = words[at // 8 : at // 8 + 3].tolist()
+        shape = tuple(words[at // 8 + 3 : at // 8 + 3 + ndim].tolist())
+        at += 8 * (ndim + 3 + (ndim + 1) % 2)
+        codes.append(code)
+        data = buf[at : at + nbytes]
+        chunks.append(data.view(dtype).reshape(shape) if nbytes % dtype.itemsize == 0 and
+                      math.prod(shape) * dtype.itemsize == nbytes else data)
+        at += nbytes + -nbytes % ALIGN
+    return chunks, codes
 
 
 def _lists_mpi(call: Call, arrays: list[np.ndarray]) -> list[np.ndarray]:

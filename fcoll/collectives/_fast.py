@@ -47,8 +47,10 @@ ALL_TO_ALL: dict[Any, Fast] = {}
 BROADCAST: dict[Any, Fast] = {}
 # all_to_all_single with split sizes: ``fast(x, output_split_sizes, input_split_sizes)``
 ALL_TO_ALL_V: dict[Any, Callable[[np.ndarray, Any, Any], np.ndarray | None]] = {}
+# all_to_all (lists): ``fast(chunks)``, keyed by the chunks' dtype
+ALL_TO_ALL_LISTS: dict[Any, Callable[[Any], list[np.ndarray] | None]] = {}
 _TABLES: tuple[dict[Any, Any], ...] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, BROADCAST,
-                                       ALL_TO_ALL_V)
+                                       ALL_TO_ALL_V, ALL_TO_ALL_LISTS)
 INF = float("inf")
 RS = _fingerprint.kind_bits("reduce_scatter_tensor")  # a plan's fingerprint is an all_reduce's
 
@@ -263,18 +265,21 @@ def all_to_all(g: Any, byte: Any, dtype: np.dtype[Any] | None = None, key: Any =
     hold ``x`` yet."""
     comm, empty, n = g._comm, np.empty, g.size
     calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
-    core = None
+    core, top = None, INF
     if dtype is not None:
-        fp = fingerprint("all_to_all_single", "", dtype)
-        swap = _native.swapper(ALL_TO_ALL, key, g, "alltoall", "all_to_all_single",
-                               fp) if key is not None else None
+        from fcoll.collectives._alltoall import limit
+
+        fp, top = fingerprint("all_to_all_single", "", dtype), limit()
+        top = INF if top < 0 else top
+        swap = _native.swapper(ALL_TO_ALL, key, g, "alltoall", "all_to_all_single", fp,
+                               limit=top) if key is not None else None
         core = _native.call(g, "all_to_all_single", "alltoall", fp, -1.0, swap=swap)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
         if not shape or shape[0] % n or not x.flags.c_contiguous:
             return None
-        if core is not None:
+        if core is not None and x.nbytes < top:
             return core(x)  # type: ignore[no-any-return]
         g.seq += 1
         out = empty(shape, x.dtype)
@@ -303,6 +308,7 @@ def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any
     calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
     name, fp, meta, code = "all_to_all_single", fingerprint("all_to_all_single", "", dtype), \
         _alltoall.META, _alltoall._code
+    top = _alltoall.limit()
     from fcoll.backends.native import module
 
     mismatch = module().Mismatch
@@ -315,7 +321,7 @@ def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any
         call.fn = name
         start = clock() if calls is not None else 0.0
         try:
-            got = core.alltoallv_rows(x, ins, outs, code(x.shape[1:], dtype), meta, fp, -1.0)
+            got = core.alltoallv_rows(x, ins, outs, code(x.shape[1:], dtype), meta, fp, top, -1.0)
         except mismatch as error:
             raise _native.told(g, name, error.args[0]) from None
         if got is None:
@@ -328,6 +334,52 @@ def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any
             calls[i] = (ranks, g.seq, name, "numpy", x.shape, x.dtype, start)
             ends[i] = clock()
         return _alltoall.rows_result(call, x, ins, outs, got)
+
+    return run
+
+
+def all_to_all_lists(g: Any, dtype: np.dtype[Any]) -> Callable[[Any], list[np.ndarray] | None]:
+    """all_to_all of a list of ``n`` numpy arrays of ``dtype`` through the group's segment
+    stepped by the compiled core: the chunks packed with their headers
+    (`fcoll.collectives._alltoall`), one ``Core.alltoallv_rows`` call, the chunks cut out of
+    the result; None (nothing sent) where the list is not that or the core does not take it."""
+    from fcoll.backends.native import module
+    from fcoll.collectives import _alltoall
+
+    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
+    name, n, kind = "all_to_all", g.size, "all_to_all"
+    fp, meta, word = _alltoall._fp(kind, np.dtype(np.uint8)), _alltoall.METAS[kind], \
+        _alltoall._code((), np.dtype(np.uint8))
+    mismatch = module().Mismatch
+    ndarray = np.ndarray
+    top = _alltoall.limit()
+
+    def run(chunks: Any) -> list[np.ndarray] | None:
+        seg = g.shm
+        if not seg or (core := seg.core) is None or type(chunks) is not list or len(chunks) != n:
+            return None
+        for c in chunks:
+            if type(c) is not ndarray or c.dtype != dtype:
+                return None
+        call = g.call
+        call.fn = name
+        start = clock() if calls is not None else 0.0
+        send, sizes = _alltoall._packed(chunks)
+        try:
+            got = core.alltoallv_rows(send, sizes, None, word, meta, fp, top, -1.0)
+        except mismatch as error:
+            raise _native.told(g, name, error.args[0]) from None
+        if got is None:
+            return None
+        g.seq += 1
+        if calls is not None:
+            i = pos[0]
+            pos[0] = i + 1
+            i &= mask
+            calls[i] = (ranks, g.seq, name, "numpy", (n,), dtype, start)
+            ends[i] = clock()
+        return _alltoall.unpacked(call, _alltoall.rows_result(call, send, sizes, None, got, kind),
+                                  chunks)
 
     return run
 

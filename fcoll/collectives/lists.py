@@ -14,7 +14,8 @@ from typing import Any, overload
 import numpy as np
 
 from fcoll.backends import mpi as backend
-from fcoll.collectives import _alltoall
+from fcoll.backends import native
+from fcoll.collectives import _alltoall, _fast
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dispatch import INTEROP, device, device_list, gpu_backend, interop
 from fcoll.gpu import route
@@ -147,10 +148,17 @@ def all_to_all(chunks: Sequence[A], group: GroupArg = None) -> list[A]:
         >>> out                                                         # on rank 1
         [array([0, 1]), array([1, 1])]
     """
+    if type(chunks) is list and chunks and type(first := chunks[0]) is np.ndarray and (
+            fast := _fast.ALL_TO_ALL_LISTS.get(_fast.key(group, first.dtype))) is not None and (
+            y := fast(chunks)) is not None:
+        return y  # type: ignore[return-value]  # numpy in, numpy out
     fn = "all_to_all"
     if (on := device_list(chunks, group, fn, "chunks")) is not None:
         return route.run(on, fn, all_to_all, chunks, group=group)
     g, call = member(group, fn)
     with detail.checked(g, call, fn, chunks=chunks):
         arrays = check_arrays(chunks, g.size, fn, "chunks")
+    if native.running() and _alltoall.shared(call):
+        _fast.learn(_fast.ALL_TO_ALL_LISTS, _fast.key(group, arrays[0].dtype), g,
+                    _fast.all_to_all_lists, arrays[0].dtype)
     return _alltoall.lists(call, arrays)  # type: ignore[return-value]  # numpy in, numpy out
