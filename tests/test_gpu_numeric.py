@@ -51,6 +51,19 @@ def test_halo_exchange(transport, periodic, nccl_calls):  # noqa: F811
     assert bool(nccl_calls) == (transport == "nccl")  # axis x wraps: always an exchange
 
 
+def test_donated_halo_exchange(transport, nccl_calls):  # noqa: F811
+    """donate=True: the cupy array itself, its ghost cells filled (in place over NCCL, copied
+    back where MPI stages it)."""
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    full = _grid((10, 9), mesh.shape, [0, 1])
+    x, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 2], [True, True])
+    d = _cp(x)
+    assert fc.halo_exchange(d, mesh, [1, 2], periodic=True, donate=True) is d
+    assert same_bits(_np(d), expected)
+    assert bool(nccl_calls) == (transport == "nccl")
+
+
 def test_scan_and_exscan(transport, group):  # noqa: F811
     inputs = [data(r, (3, 4), "float32", salt=3) for r in group.members]
     x = _cp(inputs[group.rank])

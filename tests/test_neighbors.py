@@ -239,6 +239,59 @@ def test_halo_dtypes_and_layouts(dtype, layout):
     assert same_bits(y, expected) and y.flags.c_contiguous and y.flags.writeable
 
 
+@pytest.mark.parametrize("shape,dims,widths,periodic", CASES,
+                         ids=[f"{len(c[0])}d-{c[1]}-w{c[2]}-p{c[3]}" for c in CASES])
+def test_donated_halo_fills_x_in_place(shape, dims, widths, periodic):
+    """donate=True: the same cells as the pure call, in x itself, returned."""
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, len(dims)), tuple("zyx"[-len(dims):]))
+    full = _grid(shape, mesh.shape, dims)
+    x, expected = _blocks(full, mesh.shape, mesh.coordinate(), dims, widths, periodic)
+    pure = fc.halo_exchange(x, mesh, widths, dims=dims, periodic=periodic)
+    for _ in range(2):  # again on the filled array: the same cells (a stencil loop)
+        y = fc.halo_exchange(x, mesh, widths, dims=dims, periodic=periodic, donate=True)
+        assert y is x and same_bits(x, expected) and same_bits(pure, expected)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int16", "complex128", "bool"])
+@pytest.mark.parametrize("layout", ["fortran", "strided"])
+def test_donated_halo_other_layouts_write_back(dtype, layout):
+    """A writable x of another layout: exchanged through a C-ordered copy, written back into
+    x (the strided view's base sees it), x returned."""
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    full = _grid((10, 12), mesh.shape, [0, 1])
+    x, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 2], [True, False])
+    x, expected = x.astype(dtype), expected.astype(dtype)
+    wide = None
+    if layout == "fortran":
+        x = np.asfortranarray(x)
+    else:
+        wide = np.zeros((x.shape[0], 2 * x.shape[1]), dtype)
+        wide[:, ::2] = x
+        x = wide[:, ::2]
+    y = fc.halo_exchange(x, mesh, [1, 2], periodic=[True, False], donate=True)
+    assert y is x and same_bits(x, expected)
+    if wide is not None:
+        assert same_bits(wide[:, ::2], expected) and not wide[:, 1::2].any()
+
+
+def test_donated_halo_refuses_what_it_cannot_fill():
+    """A read-only x raises on every rank before anything is sent (each passes one); a
+    non-bool donate names the argument; the mesh still works after."""
+    n = fc.get_world_size()
+    mesh = fc.Mesh((n,), ("x",))
+    x = np.arange(6.0)
+    x.flags.writeable = False
+    with pytest.raises(ValueError, match="expected x to be writable with donate=True"):
+        fc.halo_exchange(x, mesh, 1, donate=True)
+    with pytest.raises(ValueError, match="expected donate to be a bool, got 1"):
+        fc.halo_exchange(np.arange(6.0), mesh, 1, donate=1)
+    y = np.full(6, float(fc.get_rank()))
+    assert fc.halo_exchange(y, mesh, 1, periodic=True, donate=True) is y
+    assert y[0] == (fc.get_rank() - 1) % n and y[-1] == (fc.get_rank() + 1) % n
+
+
 def test_halo_width_zero_and_sub_mesh():
     n = fc.get_world_size()
     mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))

@@ -5,6 +5,7 @@ input's array type, at any world size."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import fcoll as fc
 from tests.helpers import data
@@ -44,3 +45,32 @@ def test_sendrecv_and_halo(kind):  # noqa: F811
     full = _grid((8, 9), mesh.shape, [0, 1], dtype="float32")
     block, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 1], [True, False])
     same(kind, fc.halo_exchange(to_kind(block, kind), mesh, 1, periodic=[True, False]), expected)
+
+
+def test_donated_halo(kind):  # noqa: F811
+    """donate=True: a torch tensor is filled in place and returned itself (also bfloat16, a
+    transposed view); one that requires grad raises naming x; a JAX array (immutable) gets a
+    new array, as without donate, and keeps its values."""
+    n = fc.get_world_size()
+    mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
+    full = _grid((8, 9), mesh.shape, [0, 1], dtype="float32")
+    block, expected = _blocks(full, mesh.shape, mesh.coordinate(), [0, 1], [1, 1], [True, False])
+    x = to_kind(block, kind)
+    y = fc.halo_exchange(x, mesh, 1, periodic=[True, False], donate=True)
+    same(kind, y, expected)
+    if kind == "jax":
+        assert y is not x
+        same(kind, x, block)
+        return
+    import torch
+
+    assert y is x
+    t = to_kind(np.ascontiguousarray(block.T), kind).T  # a view of another layout
+    assert fc.halo_exchange(t, mesh, 1, periodic=[True, False], donate=True) is t
+    same(kind, t, expected)
+    b = to_kind(block, kind).to(torch.bfloat16)
+    assert fc.halo_exchange(b, mesh, 1, periodic=[True, False], donate=True) is b
+    same(kind, b.float(), expected)
+    g = to_kind(block, kind).requires_grad_()
+    with pytest.raises(ValueError, match="expected x not to require grad with donate=True"):
+        fc.halo_exchange(g, mesh, 1, periodic=[True, False], donate=True)

@@ -26,7 +26,7 @@ from fcoll.calls.work import Call, wait_requests
 from fcoll.collectives import _halo
 from fcoll.collectives._common import c_order
 from fcoll.collectives.p2p import BYTE, INLINE_LIMIT, MPI, _probe_message, _tag
-from fcoll.dispatch import device
+from fcoll.dispatch import device, interop
 from fcoll.gpu import route
 from fcoll.groups import detail
 from fcoll.groups.group import Group, GroupArg
@@ -117,9 +117,10 @@ def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) 
 
 
 def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
-                  dims: Sequence[int] | None = None, periodic: bool | Sequence[bool] = False) -> A:
+                  dims: Sequence[int] | None = None, periodic: bool | Sequence[bool] = False,
+                  donate: bool = False) -> A:
     """Fill the ghost cells of this rank's block ``x`` of a grid split over ``mesh`` with the
-    neighbours' edge cells; returns a new array, ``x`` is not modified.
+    neighbours' edge cells; returns a new array, ``x`` is not modified, unless ``donate``.
 
     Mesh axis k splits array dim ``dims[k]`` (default: dim k); along it ``x`` holds ``width``
     ghost cells on each side. The low ghosts get the lower neighbour's last ``width`` cells
@@ -128,6 +129,15 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
     corners are filled. ``width`` and ``periodic`` may be one per mesh axis. Every rank of
     the mesh calls it; each split dim needs ``x.shape[d] >= 3 * width``.
 
+    ``donate=True`` (JAX's ``donate_argnums``): the caller gives ``x`` up; its ghost cells are
+    filled in place and ``x`` itself is returned, so a stencil loop copies nothing (a
+    C-contiguous ``x``: rows travel as views of it, other dims as MPI datatypes; another
+    layout goes through a C-ordered copy written back into ``x``). A read-only ``x`` raises
+    `ValueError`, as does a torch tensor that requires grad or is a lazy conjugate or
+    negative view; a CPU or CUDA tensor, and a cupy array, are filled in place; a JAX array
+    cannot be written, so it gets a new array as without ``donate`` (JAX's donation is a
+    hint too).
+
     Example:
         >>> mesh = fc.Mesh((4,), ("x",))                    # 4 ranks, 1-D grid
         >>> x = np.array([0, r, r, 0.0])                     # 1 ghost on each side
@@ -135,11 +145,14 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
         array([0., 1., 1., 2.])
         >>> fc.halo_exchange(x, mesh, 1, periodic=True)      # on rank 0
         array([3., 0., 0., 1.])
+        >>> fc.halo_exchange(x, mesh, 1, donate=True) is x   # x's ghosts filled in place
+        True
     """
     fn = "halo_exchange"
+    if donate is not False and donate is not True:
+        raise ValueError(f"{fn}: expected donate to be a bool, got {donate!r}")
     if type(x) is not np.ndarray and (on := device(x)) is not None:
-        return route.run(  # type: ignore[no-any-return]  # the caller's array type
-            on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic)
+        return _routed(on, x, mesh, width, dims, periodic, donate)  # type: ignore[no-any-return]
     key = _key(x, mesh, width, dims, periodic) if type(x) is np.ndarray else None
     steps = None if key is None or runtime._state.checking else _STEPS.get(key)
     if steps is None:
@@ -148,10 +161,55 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
             if len(_STEPS) >= KEPT:
                 _STEPS.clear()
             _STEPS[key] = steps
-    y = np.array(x, order="C", copy=True)
+    y = _donated(x) if donate else np.array(x, order="C", copy=True)
     for group, d, w, src, dst in steps:
         _halo.exchange(member(group, fn)[1], y, d, w, src, dst)
+    if donate and y is not x:
+        x[...] = y  # type: ignore[index]  # another layout: back into the caller's array
+        return x
     return y  # type: ignore[return-value]  # numpy in, numpy out
+
+
+def _donated(x: Any) -> np.ndarray:
+    """The array a donated exchange fills: ``x`` itself (C-contiguous), else a C-ordered copy
+    to write back; `ValueError` for a read-only ``x``, before anything is sent."""
+    if not x.flags.writeable:
+        raise ValueError("halo_exchange: expected x to be writable with donate=True (its ghost "
+                         "cells are filled in place), got a read-only array")
+    return x if x.flags.c_contiguous else np.array(x, order="C", copy=True)
+
+
+def _routed(on: Any, x: Any, mesh: Mesh, width: Any, dims: Any, periodic: Any, donate: bool
+            ) -> Any:
+    """`halo_exchange` of a torch tensor, JAX array or cupy array (``on``: its backend). A
+    donated tensor or cupy array is filled in place (through a view of its memory, or a copy
+    back where the route stages it) and returned itself; a JAX array is never donated."""
+    fn, k = "halo_exchange", interop.kind(x)
+    if donate and k == "jax":
+        donate = False  # immutable: a new array, as JAX may ignore a donation
+    if donate and k == "torch":
+        _check_donated_tensor(x)
+    y = route.run(on, fn, halo_exchange, x, mesh, width, dims=dims, periodic=periodic,
+                  donate=donate)
+    if not donate or y is x:
+        return y
+    if k == "torch":
+        if y.data_ptr() != x.data_ptr():
+            x.copy_(y)
+        return x
+    x[...] = y
+    return x
+
+
+def _check_donated_tensor(x: Any) -> None:
+    """`ValueError` for a torch tensor that cannot be filled in place."""
+    fn = "halo_exchange"
+    if x.requires_grad:
+        raise ValueError(f"{fn}: expected x not to require grad with donate=True (autograd "
+                         "cannot see an in-place fill), got a tensor that requires grad")
+    if x.is_conj() or x.is_neg():
+        raise ValueError(f"{fn}: expected x to own its values with donate=True, got a lazy "
+                         "conjugate or negative view (call resolve_conj()/resolve_neg())")
 
 
 Step = tuple[Group, int, int, "int | None", "int | None"]  # axis group, dim, width, src, dst

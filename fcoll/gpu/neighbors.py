@@ -6,8 +6,8 @@ internal tag of the group's communicator), the data then over NCCL, so a cupy `s
 pairs with a cupy `sendrecv` (NCCL orders messages between two ranks by call, whatever the
 tag). `halo_exchange`: per mesh axis, each edge is copied into a contiguous buffer on the
 device (``ascontiguousarray``), sent, and the received faces copied into the ghost cells of
-the result. Under a deadline each axis waits for its NCCL work (`fcoll.backends.nccl.wait`).
-The MPI transports stage both through host memory (`fcoll.gpu.route`).
+the result (``x`` itself when donated). Under a deadline each axis waits for its NCCL work
+(`fcoll.backends.nccl.wait`). The MPI transports stage both through host memory (`fcoll.gpu.route`).
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def _face(y: Any, dim: int, start: int, width: int) -> Any:
 
 def halo_exchange(backend: Backend, x: Any, mesh: Any, width: int | Sequence[int], *,
                   dims: Sequence[int] | None = None,
-                  periodic: bool | Sequence[bool] = False) -> Any:
-    """The numpy function's result (`fcoll.halo_exchange`), moved by NCCL."""
+                  periodic: bool | Sequence[bool] = False, donate: bool = False) -> Any:
+    """The numpy function's result (`fcoll.halo_exchange`), moved by NCCL; ``donate``: ``x``
+    itself, its ghost cells filled in place."""
     fn = "halo_exchange"
     g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)
     with detail.checked(g, call, fn, dtype=str(x.dtype), ndim=x.ndim, width=width, dims=dims,
@@ -79,7 +80,7 @@ def halo_exchange(backend: Backend, x: Any, mesh: Any, width: int | Sequence[int
         split = axes(x, mesh, width, dims, periodic)
     check_faces(call, x, mesh, split)
     with x.device:
-        y = cp().array(x, order="C", copy=True)
+        y = x if donate else cp().array(x, order="C", copy=True)
         for name, d, w, wrap in split:
             src, dst = mesh.shift(name, 1, periodic=wrap)
             if w and (src is not None or dst is not None):
