@@ -40,6 +40,17 @@ def test_sendrecv_ring(transport, group, shape, nccl_calls):  # noqa: F811
     assert bool(nccl_calls) == (transport == "nccl")
 
 
+@pytest.mark.parametrize("shape", [(), (4, 3), (5000,)], ids=str)
+def test_sendrecv_like(transport, group, shape, nccl_calls):  # noqa: F811
+    """like=: no header first (over NCCL the data alone; staged over MPI, checked there)."""
+    n, r = group.size, group.rank
+    x = _cp(bits(r, shape, "float32", salt=6))
+    for like in (x, (shape, np.float32)):
+        y = fc.sendrecv(x, (r + 1) % n, (r - 1) % n, group.arg, like=like)
+        assert same_bits(_np(y), bits((r - 1) % n, shape, "float32", salt=6))
+    assert bool(nccl_calls) == (transport == "nccl")
+
+
 @pytest.mark.parametrize("periodic", [False, True])
 def test_halo_exchange(transport, periodic, nccl_calls):  # noqa: F811
     n = fc.get_world_size()

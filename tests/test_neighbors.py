@@ -103,6 +103,89 @@ def test_sendrecv_deadline():
         fc.init(timeout=math.inf)
 
 
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 2), (5000,)], ids=str)
+def test_sendrecv_like_ring(group, dtype, shape):
+    """like=: the data alone, into an array of like's shape and dtype (an array or a pair)."""
+    n, r = group.size, group.rank
+    x = bits(r, shape, dtype, salt=4)
+    expected = bits((r - 1) % n, shape, dtype, salt=4)
+    for like in (x, (shape, dtype), (shape, np.dtype(dtype))):
+        y = fc.sendrecv(x, (r + 1) % n, (r - 1) % n, group.arg, like=like)
+        assert same_bits(y, expected) and y.flags.c_contiguous and not np.shares_memory(x, y)
+
+
+def test_sendrecv_like_layouts_self_and_proc_null(group):
+    n, r = group.size, group.rank
+    base = np.arange(48.0).reshape(6, 8) + 100 * r
+    x = base[::2, 1::3]
+    y = fc.sendrecv(x, (r + 1) % n, (r - 1) % n, group.arg, like=(x.shape, x.dtype))
+    assert same_bits(y, np.ascontiguousarray(x - 100 * r + 100 * ((r - 1) % n)))
+    assert same_bits(fc.sendrecv(x, r, r, group.arg, like=x), np.ascontiguousarray(x))
+    end = fc.sendrecv(x, r + 1 if r + 1 < n else None, r - 1 if r > 0 else None, group.arg,
+                      like=x)
+    assert (end is None) if r == 0 else end[0, 0] == 100 * (r - 1) + 1
+    assert fc.sendrecv(None, None, None, group.arg, like=x) is None
+
+
+def test_sendrecv_like_and_headers_keep_apart(group):
+    """On one tag, a header-free message and one with a header never match each other."""
+    n, r = group.size, group.rank
+    x = np.full(4, r, np.int32)
+    work = fc.isend(np.full(7, r, np.int64), (r + 1) % n, group.arg, tag=5)
+    y = fc.sendrecv(x, (r + 1) % n, (r - 1) % n, group.arg, tag=5, like=x)
+    assert (y == (r - 1) % n).all() and y.dtype == np.int32
+    z = fc.irecv((r - 1) % n, group.arg, tag=5).wait()  # irecv: the peer may be this rank
+    work.wait()
+    assert (z == (r - 1) % n).all() and z.shape == (7,)
+
+
+@pytest.mark.parametrize("other", [3, 5, 4000], ids=["shorter", "longer", "much-longer"])
+def test_sendrecv_like_of_another_size_raises_on_the_receiver(group, other):
+    """The receiver of a message of another size raises ValueError (the sender does not);
+    the group still works."""
+    n, r = group.size, group.rank
+    if n < 2:
+        pytest.skip("needs two ranks")
+    x = np.arange(other if r == 0 else 4, dtype=np.float64)  # rank 0 sends `other` elements
+    like = (4,), np.float64
+    if r == 1:
+        with pytest.raises(ValueError, match="expected 32 bytes from group rank 0"):
+            fc.sendrecv(None, None, 0, group.arg, like=like)
+    elif r == 0:
+        assert fc.sendrecv(x, 1, None, group.arg, like=like) is None
+    y = fc.sendrecv(np.full(4, float(r)), (r + 1) % n, (r - 1) % n, group.arg, like=like)
+    assert (y == (r - 1) % n).all()
+
+
+def test_sendrecv_like_errors(group):
+    x = np.ones(2)
+    with pytest.raises(ValueError, match="expected like to be an array or a \\(shape, dtype\\)"):
+        fc.sendrecv(x, 0, 0, group.arg, like=3)
+    with pytest.raises(ValueError, match="expected like's shape to be a tuple of non-negative"):
+        fc.sendrecv(x, 0, 0, group.arg, like=((-1,), np.float64))
+    with pytest.raises(ValueError, match="expected like's dtype to be a numpy dtype"):
+        fc.sendrecv(x, 0, 0, group.arg, like=((2,), "no-such-type"))
+    with pytest.raises(TypeError, match="expected like to have a dtype in"):
+        fc.sendrecv(x, 0, 0, group.arg, like=((2,), np.dtype("U3")))
+
+
+def test_sendrecv_like_under_a_deadline():
+    r, n = fc.get_rank(), fc.get_world_size()
+    fc.init(timeout=30)
+    try:
+        x = np.arange(9000) + r
+        assert fc.sendrecv(x, (r + 1) % n, (r - 1) % n, like=x)[0] == (r - 1) % n
+        if n > 1:
+            if r == 1:
+                with pytest.raises(ValueError, match="expected 16 bytes from group rank 0"):
+                    fc.sendrecv(None, None, 0, like=((2,), np.int64))
+            elif r == 0:
+                fc.sendrecv(np.arange(3), 1, None, like=((2,), np.int64))
+    finally:
+        fc.init(timeout=math.inf)
+
+
 # --- Mesh.shift ---------------------------------------------------------------------------
 
 

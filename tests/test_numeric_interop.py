@@ -74,3 +74,21 @@ def test_donated_halo(kind):  # noqa: F811
     g = to_kind(block, kind).requires_grad_()
     with pytest.raises(ValueError, match="expected x not to require grad with donate=True"):
         fc.halo_exchange(g, mesh, 1, periodic=[True, False], donate=True)
+
+
+def test_sendrecv_like(kind):  # noqa: F811
+    """like= with a tensor (array) or a (shape, dtype) pair: the caller's array type back,
+    also where only like says it (x None on a receiving end)."""
+    r, n = fc.get_rank(), fc.get_world_size()
+    x = data(r, (2, 3), "int16", salt=5)
+    expected = data((r - 1) % n, (2, 3), "int16", salt=5)
+    t = to_kind(x, kind)
+    same(kind, fc.sendrecv(t, (r + 1) % n, (r - 1) % n, like=t), expected)
+    same(kind, fc.sendrecv(t, (r + 1) % n, (r - 1) % n, like=((2, 3), np.int16)), expected)
+    if n > 1:
+        y = fc.sendrecv(t if r == 0 else None, 1 if r == 0 else None, 0 if r == 1 else None,
+                        like=t)
+        if r == 1:
+            same(kind, y, data(0, (2, 3), "int16", salt=5))
+        else:
+            assert y is None

@@ -23,9 +23,9 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.calls.work import Call, wait_requests
-from fcoll.collectives import _halo
+from fcoll.collectives import _bare, _halo
 from fcoll.collectives._common import c_order
-from fcoll.collectives.p2p import BYTE, INLINE_LIMIT, MPI, _probe_message, _tag
+from fcoll.collectives.p2p import BARE, BYTE, DATA, INLINE_LIMIT, MPI, PARTS, _probe_message, _tag
 from fcoll.dispatch import device, interop
 from fcoll.gpu import route
 from fcoll.groups import detail
@@ -35,7 +35,7 @@ from fcoll.groups.membership import member
 from fcoll.groups.mesh import Mesh
 from fcoll.policy.arrays import A, ArrayProtocol
 from fcoll.policy.header import INLINE, SEPARATE, header, inline, parse
-from fcoll.policy.validate import check_array, check_rank
+from fcoll.policy.validate import check_array, check_like, check_rank
 
 
 def _peer(peer: object, size: int, fn: str, name: str) -> int:
@@ -46,20 +46,22 @@ def _peer(peer: object, size: int, fn: str, name: str) -> int:
 
 
 @overload
-def sendrecv(x: A, dst: int | None, src: int, group: GroupArg = ..., *, tag: int = ...) -> A: ...
+def sendrecv(x: A, dst: int | None, src: int, group: GroupArg = ..., *, tag: int = ...,
+             like: Any = ...) -> A: ...
 @overload
 def sendrecv(x: ArrayProtocol | None, dst: int | None, src: None, group: GroupArg = ..., *,
-             tag: int = ...) -> None: ...
+             tag: int = ..., like: Any = ...) -> None: ...
 @overload
 def sendrecv(x: A, dst: int | None, src: int | None, group: GroupArg = ..., *,
-             tag: int = ...) -> A | None: ...
+             tag: int = ..., like: Any = ...) -> A | None: ...
 @overload
 def sendrecv(x: None, dst: int | None, src: int | None, group: GroupArg = ..., *,
-             tag: int = ...) -> Any: ...
+             tag: int = ..., like: Any = ...) -> Any: ...
 
 
 def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
-    x: np.ndarray | None, dst: int | None, src: int | None, group: GroupArg = None, *, tag: int = 0
+    x: np.ndarray | None, dst: int | None, src: int | None, group: GroupArg = None, *,
+    tag: int = 0, like: Any = None,
 ) -> Any:
     """Send ``x`` to group rank ``dst`` and return the array received from group rank ``src``
     (its shape and dtype travel with it), as ``MPI_Sendrecv``; ``x`` is not modified.
@@ -69,14 +71,23 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     `sendrecv` pairs with `send`/`recv` on the same ``tag``. Pass ``x`` (an array of the
     call's type) even with ``dst=None``: cupy arrays go over NCCL when it serves the group.
 
+    ``like`` (an array, or a ``(shape, dtype)`` pair): the caller says what arrives, and
+    nothing but the data travels (no header, no probe: `fcoll.collectives._bare`), so such a
+    `sendrecv` pairs only with one that also passes ``like`` on the same ``tag``. A message
+    of another size raises `ValueError` on the receiving rank (the communicator stays
+    usable). Over NCCL (cupy) the sizes cannot be checked: ``like`` must match.
+
     Example:
         >>> r, n = fc.get_rank(), fc.get_world_size()         # a ring of 4 ranks
         >>> fc.sendrecv(np.array([r]), dst=(r + 1) % n, src=(r - 1) % n)
         array([3])                                            # on rank 0
+        >>> x = np.full(3, float(r))
+        >>> fc.sendrecv(x, (r + 1) % n, (r - 1) % n, like=x)  # data alone: 24 bytes
+        array([3., 3., 3.])                                   # on rank 0
     """
     fn = "sendrecv"
-    if x is not None and type(x) is not np.ndarray and (on := device(x, group)) is not None:
-        return route.run(on, fn, sendrecv, x, dst, src, group=group, tag=tag)
+    if (on := _device_of(x, like, group)) is not None:
+        return route.run(on, fn, sendrecv, x, dst, src, group=group, tag=tag, like=like)
     g, call = member(group, fn)
     to, source = _peer(dst, g.size, fn, "dst"), _peer(src, g.size, fn, "src")
     tag = tag if type(tag) is int and 0 <= tag < 1024 else _tag(tag, fn)
@@ -84,11 +95,24 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
         x = check_array(x, fn)
     if detail.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
         detail.log.info("rank %s: sendrecv dst=%s src=%s x=%s", g.rank, dst, src, detail.describe(x))
-    return _sendrecv(call, x if dst is not None else None, to, source, 2 * tag)
+    if like is not None:
+        shape, dtype = check_like(like, fn) if src is not None else ((0,), np.dtype(np.uint8))
+        return _bare.exchange(call, x if dst is not None else None, to, source,
+                              PARTS * tag + BARE, shape, dtype)
+    return _sendrecv(call, x if dst is not None else None, to, source, PARTS * tag)
+
+
+def _device_of(x: Any, like: Any, group: GroupArg) -> Any:
+    """The device backend for a non-numpy ``x`` (or, without ``x``, ``like``), else None."""
+    if x is not None:
+        return None if type(x) is np.ndarray else device(x, group)
+    if like is None or isinstance(like, tuple) or type(like) is np.ndarray:
+        return None
+    return device(like, group)
 
 
 def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) -> Any:
-    """Header (and inline data) on ``tag``, separate data on ``tag + 1`` (`fcoll.collectives.p2p`): the
+    """Header (and inline data) on ``tag``, separate data on ``tag + DATA`` (`fcoll.collectives.p2p`): the
     sends start, then the receive probes for the header (any size: `fcoll.isend` sends
     large arrays inline too), as `fcoll.recv` does. Not counted in the group's call
     numbers, as `fcoll.send` and `fcoll.recv` are not: only some ranks make it."""
@@ -98,7 +122,7 @@ def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) 
             sends.append(comm.Isend([header(x, INLINE) + x.tobytes(), BYTE], to, tag))
         else:
             sends.append(comm.Isend([header(x, SEPARATE), BYTE], to, tag))
-            sends.append(comm.Isend([c_order(x), BYTE], to, tag + 1))
+            sends.append(comm.Isend([c_order(x), BYTE], to, tag + DATA))
     out = None
     if source != MPI.PROC_NULL:
         status = MPI.Status()
@@ -108,7 +132,7 @@ def _sendrecv(call: Call, x: np.ndarray | None, to: int, source: int, tag: int) 
         kind, dtype, shape, offset = parse(buf)
         if kind & SEPARATE:
             out = np.empty(shape, dtype)
-            _probe_message(call, source, tag + 1, status).Recv([out, BYTE])
+            _probe_message(call, source, tag + DATA, status).Recv([out, BYTE])
         else:
             out = inline(buf, dtype, shape, offset)
     if sends:

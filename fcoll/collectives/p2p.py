@@ -2,10 +2,11 @@
 
 A message carries its own shape and dtype, so a receiver needs no template. Wire format
 on the group's communicator: a header of int64 ``[kind, dtype index, ndim, *shape]``
-(padded to 16 bytes, `fcoll.policy.header`) on tag ``2 * tag``; small arrays ride in the
+(padded to 16 bytes, `fcoll.policy.header`) on tag ``3 * tag``; small arrays ride in the
 same message after the header, large ones follow as a second message on tag
-``2 * tag + 1`` (no copy). MPI keeps messages between two ranks on one tag in order, so
-header and data always pair up.
+``3 * tag + 1`` (no copy). MPI keeps messages between two ranks on one tag in order, so
+header and data always pair up. Tag ``3 * tag + 2`` carries data without a header
+(`fcoll.sendrecv` with ``like=``), so it never matches a message that has one.
 
 cupy arrays travel through host memory; the header's kind carries a flag (`_CUPY`) that
 the array was a cupy array, and a receiver with cupy imported gets a cupy array on its
@@ -57,9 +58,11 @@ INLINE_LIMIT = 8 << 10  # arrays up to this many bytes travel inside the header 
 _CUPY = 4  # or-ed into the kind: the sender's array was a cupy array
 _KIND_FLAGS = {"torch": 8, "jax": 16}  # or-ed too: it was a torch tensor, a JAX array
 _FLAGS = _CUPY | 8 | 16
-_MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // 2 - 1024
-# Tags fcoll uses itself, above every user tag's pair (2 * tag, 2 * tag + 1).
-PERMUTE_TAG = _MAX_TAG * 2 + 2
+PARTS = 3  # wire tags per user tag: PARTS * tag + HEADER, + DATA (a header's data), + BARE
+HEADER, DATA, BARE = 0, 1, 2  # BARE: data without a header (sendrecv's like=)
+_MAX_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) // PARTS - 1024
+# Tags fcoll uses itself, above every user tag's three.
+PERMUTE_TAG = _MAX_TAG * PARTS + PARTS
 MONITOR_TAG = PERMUTE_TAG + 1  # monitored_barrier: reports on this tag, verdicts on + 1
 HALO_TAG = PERMUTE_TAG + 3  # halo_exchange: data moving up a mesh axis; + 1: moving down
 
@@ -150,10 +153,10 @@ def send(x: ArrayProtocol, dst: int, group: GroupArg = None, tag: int = 0) -> No
     array = check_array(host, "send")
     tag = _tag(tag, "send")
     if array.nbytes <= INLINE_LIMIT:
-        _send(call, _packed(array, flags), peer, 2 * tag)
+        _send(call, _packed(array, flags), peer, PARTS * tag)
         return
-    _send(call, _header(array, _SEPARATE | flags), peer, 2 * tag)
-    _send(call, c_order(array), peer, 2 * tag + 1)
+    _send(call, _header(array, _SEPARATE | flags), peer, PARTS * tag)
+    _send(call, c_order(array), peer, PARTS * tag + DATA)
 
 
 @overload
@@ -183,7 +186,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
     tag = _tag(tag, "recv")
     device = _receiving_device()
     status = MPI.Status()
-    message = _probe_message(call, source, 2 * tag, status)
+    message = _probe_message(call, source, PARTS * tag, status)
     buf = np.empty(status.Get_count(BYTE), np.uint8)
     message.Recv([buf, BYTE])
     kind, dtype, shape, offset = _parse(buf)
@@ -191,7 +194,7 @@ def recv(src: int | None = None, group: GroupArg = None, tag: int = 0, *,
         out = _inline(buf, dtype, shape, offset)
     else:
         out = np.empty(shape, dtype)
-        data = _probe_message(call, status.Get_source(), 2 * tag + 1, MPI.Status())
+        data = _probe_message(call, status.Get_source(), PARTS * tag + DATA, MPI.Status())
         data.Recv([out, BYTE])
     out = _arrived(out, kind, device)
     return (out, status.Get_source()) if return_source else out
@@ -211,7 +214,7 @@ def isend(x: ArrayProtocol, dst: int, group: GroupArg = None, tag: int = 0) -> W
     g, call = member(group, "isend")
     peer = _peer(dst, g, "isend", "dst", self_ok=True)
     packed = _packed(check_array(host, "isend"), flags)
-    request = call.comm.Isend([packed, BYTE], peer, 2 * _tag(tag, "isend"))
+    request = call.comm.Isend([packed, BYTE], peer, PARTS * _tag(tag, "isend"))
     return Work(RequestOperation("isend", g, request, lambda: None, (packed,)))
 
 
@@ -242,7 +245,7 @@ class _Receive(Operation):
             return True
         self._kind, self._data = kind, np.empty(shape, dtype)
         self._buf = None
-        self._request = self._comm.Irecv([self._data, BYTE], self.source, 2 * self._tag + 1)
+        self._request = self._comm.Irecv([self._data, BYTE], self.source, PARTS * self._tag + DATA)
         return False
 
     def _landed(self) -> bool:
@@ -253,7 +256,7 @@ class _Receive(Operation):
     def _advance(self) -> bool:
         if self._request is None:
             status = MPI.Status()
-            message = self._comm.Improbe(self._wanted, 2 * self._tag, status)
+            message = self._comm.Improbe(self._wanted, PARTS * self._tag, status)
             if message is None:
                 return False
             self._matched(message, status)
@@ -264,7 +267,7 @@ class _Receive(Operation):
     def _block(self) -> None:
         if self._request is None:
             status = MPI.Status()
-            self._matched(self._comm.Mprobe(self._wanted, 2 * self._tag, status), status)
+            self._matched(self._comm.Mprobe(self._wanted, PARTS * self._tag, status), status)
         self._request.Wait()
         if self._buf is not None and self._received():
             return

@@ -26,7 +26,7 @@ from fcoll.groups.halo_axes import axes, check_faces
 from fcoll.groups.membership import member
 from fcoll.groups.mesh import Mesh
 from fcoll.policy.header import INLINE, MAX_BYTES, header, parse
-from fcoll.policy.validate import check_rank
+from fcoll.policy.validate import check_like, check_rank
 from fcoll.runtime import mpi
 
 
@@ -47,19 +47,25 @@ def _shape_of(call: Call, x: Any, dst: int | None, src: int | None) -> Any:
 
 
 def sendrecv(backend: Backend, x: Any, dst: int | None, src: int | None, group: Any = None, *,
-             tag: int = 0) -> Any:
+             tag: int = 0, like: Any = None) -> Any:
+    """`fcoll.sendrecv` over NCCL; with ``like`` no header travels first (NCCL cannot check
+    the size: ``like`` must match what ``src`` sends)."""
     fn = "sendrecv"
-    g, call = enter(group, x, fn)
+    g, call = enter(group, x if x is not None else like, fn)
     to = None if dst is None else check_rank(dst, g.size, fn, "dst")
     source = None if src is None else check_rank(src, g.size, fn, "src")
     if type(tag) is not int or tag < 0:
         raise ValueError(f"{fn}: expected tag to be a non-negative int, got {tag!r}")
-    got = _shape_of(call, x, to, source)
-    with x.device:
+    if like is not None:
+        got = None if source is None else (0, *reversed(check_like(like, fn)))
+    else:
+        got = _shape_of(call, x, to, source)
+    device = (x if x is not None else like).device
+    with device:
         out = None if got is None else cp().empty(got[2], got[1])
         sends = [] if to is None else [(as_bytes(x), to)]
         recvs = [] if out is None or source is None else [(out.reshape(-1).view(np.uint8), source)]
-        nccl.exchange(nccl.communicator(call.group, int(x.device.id), call.fn), sends, recvs)
+        nccl.exchange(nccl.communicator(call.group, int(device.id), call.fn), sends, recvs)
     return out
 
 

@@ -182,3 +182,28 @@ def check_permutation(src_dst: object, n: int, fn: str) -> list[int | None]:
         raise ValueError(f"{fn}: expected each rank to receive from at most one rank, "
                          f"got src_dst={list(src_dst)}")
     return targets
+
+
+def check_like(like: Any, fn: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """``like``'s shape and dtype: an array (anything with ``shape`` and ``dtype`` fcoll takes)
+    or a ``(shape, dtype)`` pair; `ValueError` naming ``like`` otherwise."""
+    if isinstance(like, tuple) and len(like) == 2:
+        shape, dtype = like
+    elif hasattr(like, "shape") and hasattr(like, "dtype"):
+        shape, dtype = like.shape, like.dtype
+    else:
+        raise ValueError(f"{fn}: expected like to be an array or a (shape, dtype) pair, got "
+                         f"{type(like).__name__}")
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise ValueError(f"{fn}: expected like's shape to be a tuple of non-negative ints, got "
+                         f"{shape!r}")
+    try:
+        kind = np.dtype(dtype)
+    except TypeError as error:
+        raise ValueError(f"{fn}: expected like's dtype to be a numpy dtype, got {dtype!r}") \
+            from error
+    check_dtype(kind, fn, "like")
+    return tuple(int(s) for s in shape), kind
