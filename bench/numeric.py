@@ -70,7 +70,7 @@ def _label(section: str, size: str) -> str:
 
 def table(rows: list[dict[str, str]]) -> str:
     """Markdown: per section and n, one line per (case, size): each implementation's median
-    and fcoll/raw (and fcoll/raw+copy for the halo)."""
+    and each fcoll variant's /raw (and fcoll/raw+copy for the halo)."""
     out: list[str] = []
     cells: dict[tuple[str, int], dict[tuple[str, str], dict[str, dict[str, str]]]] = \
         defaultdict(lambda: defaultdict(dict))
@@ -78,13 +78,14 @@ def table(rows: list[dict[str, str]]) -> str:
         cells[(r["section"], int(r["n"]))][(r["case"], r["size"])][r["impl"]] = r
     for (section, n), by_size in sorted(cells.items(), key=lambda kv: (SECTIONS.index(kv[0][0]), kv[0][1])):
         impls = list(next(iter(by_size.values())))
-        head = ["case", "size", *(f"{i} µs" for i in impls), "fcoll/raw"]
+        ours = [i for i in impls if i.startswith("fcoll")]  # fcoll, and its variants
+        head = ["case", "size", *(f"{i} µs" for i in impls), *(f"{i}/raw" for i in ours)]
         head += ["fcoll/(raw+copy)"] if "raw+copy" in impls else []
         out += [f"\n**{section}, n = {n}**\n", "| " + " | ".join(head) + " |",
                 "|" + "---|" * len(head)]
         for (case, size), got in by_size.items():
             line = [case, _label(section, size)] + [f"{float(got[i]['median_us']):.1f}" for i in impls]
-            line.append(f"{float(got['fcoll']['ratio']):.2f}")
+            line += [f"{float(got[i]['ratio']):.2f}" for i in ours]
             if "raw+copy" in got:
                 line.append(f"{float(got['fcoll']['ratio']) / float(got['raw+copy']['ratio']):.2f}")
             out.append("| " + " | ".join(line) + " |")
@@ -104,10 +105,11 @@ def plot(rows: list[dict[str, str]], path: Path) -> None:
         copies = {(r["n"], r["case"], r["size"]): float(r["ratio"]) for r in rows
                   if r["impl"] == "raw+copy"}
         for r in rows:
-            if r["section"] in sections and r["impl"] == "fcoll":
-                key = f"{r['section']} {r['case']} n={r['n']}"
+            if r["section"] in sections and r["impl"].startswith("fcoll"):
+                variant = "" if r["impl"] == "fcoll" else f" ({r['impl']})"
+                key = f"{r['section']}{variant} {r['case']} n={r['n']}"
                 series[key].append((int(r["size"]), float(r["ratio"])))
-                if r["section"] == "halo":  # against raw on a copy: what a pure function must do
+                if r["section"] == "halo" and not variant:  # against raw on a copy
                     copy = copies[(r["n"], r["case"], r["size"])]
                     series[key + " vs raw+copy"].append((int(r["size"]), float(r["ratio"]) / copy))
         for name, points in sorted(series.items()):

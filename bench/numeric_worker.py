@@ -6,13 +6,16 @@ the mpi4py code a careful user writes, in the same processes, in rotating batche
 Sections (the raw side preallocates every buffer and writes in place):
 
 - ``scan``/``exscan``: ``fc.scan(x)`` against ``comm.Scan(x, out, MPI.SUM)`` (float64 sum);
-- ``sendrecv``: a ring, ``fc.sendrecv(x, r + 1, r - 1)`` against ``comm.Sendrecv(x, ..., out, ...)``;
+- ``sendrecv``: a ring, ``fc.sendrecv(x, r + 1, r - 1)`` (and ``like=x``: the data alone, as
+  ``fcoll-like``) against ``comm.Sendrecv(x, ..., out, ...)``;
 - ``halo``: a 2-D periodic grid on a mesh of the ranks, blocks of m x m plus ``w`` ghost cells,
   ``fc.halo_exchange`` against four ``Sendrecv`` per call (rows sent as they are, columns
   packed into preallocated buffers), in place (``raw``) and on a copy of the block, as a pure
-  function has to (``raw+copy``);
-- ``cg``: one iteration of examples/poisson.py's conjugate gradients on an N x N grid, against
-  the same solver with those raw halos and ``Allreduce(MPI.IN_PLACE, buf)`` dot products.
+  function has to (``raw+copy``); ``fcoll-donate``: ``donate=True`` on a block kept across
+  calls (filled in place, as ``raw``);
+- ``cg``: one iteration of examples/poisson.py's conjugate gradients on an N x N grid (its
+  donated halos), against the same solver with those raw halos and
+  ``Allreduce(MPI.IN_PLACE, buf)`` dot products.
 
 A batch's time is the slowest rank's per call; each cell reports the median per
 implementation and the median of per-batch ratios against ``raw``.
@@ -108,6 +111,7 @@ def sendrecv_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: 
         x = np.full(max(1, size // 8), r + 1.0)
         out = np.empty_like(x)
         impls = {"fcoll": lambda x=x: fc.sendrecv(x, dst, src),
+                 "fcoll-like": lambda x=x: fc.sendrecv(x, dst, src, like=x),
                  "raw": lambda x=x, out=out: comm.Sendrecv(x, dst, 0, out, src, 0)}
         record(comm, rows, "sendrecv", "ring", size, measure(comm, impls, args.batches, args.budget))
 
@@ -151,9 +155,11 @@ def halo_cells(comm: Any, sides: list[int], args: argparse.Namespace, rows: list
     for w in (1, 4):
         for m in sides:
             x = np.random.default_rng(comm.Get_rank()).random((m + 2 * w, m + 2 * w))
-            a = x.copy()
+            a, d = x.copy(), x.copy()
             raw = RawHalo(cart, x.shape, w)
             impls = {"fcoll": lambda x=x, w=w: fc.halo_exchange(x, mesh, w, periodic=True),
+                     "fcoll-donate": lambda d=d, w=w: fc.halo_exchange(d, mesh, w, periodic=True,
+                                                                       donate=True),
                      "raw": lambda a=a, raw=raw: raw(a),
                      "raw+copy": lambda x=x, raw=raw: raw(x.copy())}
             record(comm, rows, "halo", f"w={w}", m, measure(comm, impls, args.batches, args.budget))
@@ -177,7 +183,8 @@ def cg_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: list[A
                               for parts, i in zip(shape, mesh.coordinate(), strict=True))
         h, b = 1.0 / (size + 1), ex.source(size)[r0:r1, c0:c1]
         raw_halo = RawHalo(cart, (r1 - r0 + 2, c1 - c0 + 2), 1)
-        impls = {"fcoll": _cg_step(b, h, lambda p: fc.halo_exchange(p, mesh, 1), ex.dot, ex.stencil),
+        impls = {"fcoll": _cg_step(b, h, lambda p: fc.halo_exchange(p, mesh, 1, donate=True), ex.dot,
+                                   ex.stencil),
                  "raw": _cg_step(b, h, raw_halo, raw_dot, ex.stencil)}
         record(comm, rows, "cg", "poisson", size, measure(comm, impls, args.batches, args.budget))
 

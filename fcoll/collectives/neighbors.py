@@ -7,17 +7,20 @@ for the header and takes a message of any size.
 
 `halo_exchange` moves, along each mesh axis in turn, this rank's edge cells into its
 neighbours' ghost cells: the rows of a C-ordered block straight from the result array, other
-slices as MPI subarray datatypes of it (`_halo`), so nothing is packed by fcoll and the
-caller copies nothing. Dims go one after another, each from the array the previous ones
-filled, so corners arrive too. Its ranks must form a grid: along an axis, neighbours'
-faces have the same shape (checked: a face of another size raises `ValueError`).
+faces packed into buffers kept per shape (`_halo`). The result is a copy of the block, or with
+``donate=True`` the block itself (its ghost cells filled in place: a stencil loop copies
+nothing). Dims go one after another, each from the array the previous ones filled, so
+corners arrive too. Its ranks must form a grid: along an axis, neighbours' faces have the
+same shape (checked: a face of another size raises `ValueError`).
+
+`sendrecv` with ``like=`` sends the data alone (`_bare`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -155,7 +158,7 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
 
     ``donate=True`` (JAX's ``donate_argnums``): the caller gives ``x`` up; its ghost cells are
     filled in place and ``x`` itself is returned, so a stencil loop copies nothing (a
-    C-contiguous ``x``: rows travel as views of it, other dims as MPI datatypes; another
+    C-contiguous ``x``: rows travel as views of it, other dims' faces through buffers; another
     layout goes through a C-ordered copy written back into ``x``). A read-only ``x`` raises
     `ValueError`, as does a torch tensor that requires grad or is a lazy conjugate or
     negative view; a CPU or CUDA tensor, and a cupy array, are filled in place; a JAX array
@@ -186,8 +189,8 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
                 _STEPS.clear()
             _STEPS[key] = steps
     y = _donated(x) if donate else np.array(x, order="C", copy=True)
-    for group, d, w, src, dst in steps:
-        _halo.exchange(member(group, fn)[1], y, d, w, src, dst)
+    for group, plan in steps:
+        _halo.exchange(member(group, fn)[1], y, plan)
     if donate and y is not x:
         x[...] = y  # type: ignore[index]  # another layout: back into the caller's array
         return x
@@ -236,7 +239,7 @@ def _check_donated_tensor(x: Any) -> None:
                          "conjugate or negative view (call resolve_conj()/resolve_neg())")
 
 
-Step = tuple[Group, int, int, "int | None", "int | None"]  # axis group, dim, width, src, dst
+Step = tuple[Group, _halo.Plan]  # an axis's group and its exchange
 KEPT = 64
 _STEPS: dict[tuple[Any, ...], list[Step]] = {}  # a call's steps, by its arguments
 runtime.on_change(_STEPS.clear)
@@ -245,6 +248,8 @@ runtime.on_change(_STEPS.clear)
 def _key(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: object
          ) -> tuple[Any, ...] | None:
     """What a call's steps depend on, or None where an argument is not a plain value."""
+    if type(width) is int and dims is None and type(periodic) is bool and type(mesh) is Mesh:
+        return (mesh, x.shape, x.dtype, width, periodic)  # the common call, cheaply
     parts = [width, dims, periodic]
     for i, value in enumerate(parts):
         if isinstance(value, list):
@@ -269,5 +274,6 @@ def _steps(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: 
     for name, d, w, wrap in split:
         src, dst = mesh.shift(name, 1, periodic=wrap)
         if w and (src is not None or dst is not None):
-            steps.append((mesh.group(name), d, w, src, dst))
+            block = cast(np.ndarray, x)  # the numpy path's
+            steps.append((mesh.group(name), _halo.Plan(block.shape, block.dtype, d, w, src, dst)))
     return steps
