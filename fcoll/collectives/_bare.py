@@ -37,25 +37,28 @@ def exchange(call: Call, x: np.ndarray | None, to: int, source: int, tag: int,
              shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | None:
     """Send ``x`` (None: nothing) to ``to`` and receive ``shape``/``dtype`` from ``source``
     (``PROC_NULL``: nothing, None returned) on ``tag``, data alone."""
+    if x is None:
+        send, to = None, PROC_NULL
+    else:
+        send = [x if x.flags.c_contiguous else c_order(x), BYTE]
     out = None if source == PROC_NULL else np.empty(shape, dtype)
-    send = [c_order(x), BYTE] if x is not None else None
-    recv = [out, BYTE] if out is not None else None
-    status, before = _STATUS, mpi_errors.TRUNCATED[0]
-    mpi_errors.TOLERATE[0] += 1
+    status, before, tolerate = _STATUS, mpi_errors.TRUNCATED[0], mpi_errors.TOLERATE
+    tolerate[0] += 1
     try:
         if call.seconds is None:
-            call.comm.Sendrecv(send, to if x is not None else PROC_NULL, tag, recv, source, tag,
+            call.comm.Sendrecv(send, to, tag, None if out is None else [out, BYTE], source, tag,
                                status)
         else:
-            _polled(call, send, to if x is not None else PROC_NULL, recv, source, tag, status)
+            _polled(call, send, to, None if out is None else [out, BYTE], source, tag, status)
     except MPI.Exception as error:  # FCOLL_ABORT_ON_ERROR=0: mpi4py's handler
         if error.Get_error_class() != MPI.ERR_TRUNCATE:
             raise
         mpi_errors.TRUNCATED[0] += 1
     finally:
-        mpi_errors.TOLERATE[0] -= 1
-    if out is not None:
-        _check(call, out, status, mpi_errors.TRUNCATED[0] != before, source)
+        tolerate[0] -= 1
+    if out is not None and (mpi_errors.TRUNCATED[0] != before
+                            or status.Get_count(BYTE) != out.nbytes):
+        _mismatch(call, out, status, mpi_errors.TRUNCATED[0] != before, source)
     return out
 
 
@@ -77,11 +80,9 @@ def _polled(call: Call, send: Any, to: int, recv: Any, source: int, tag: int, st
             pause = backoff(started, pause)
 
 
-def _check(call: Call, out: np.ndarray, status: Any, truncated: bool, source: int) -> None:
-    """`ValueError` where the message was not ``out``'s size."""
+def _mismatch(call: Call, out: np.ndarray, status: Any, truncated: bool, source: int) -> None:
+    """`ValueError`: the message was not ``out``'s size."""
     got = status.Get_count(BYTE)
-    if not truncated and got == out.nbytes:
-        return
     what = f"more than {out.nbytes}" if truncated else str(got)
     raise ValueError(f"{call.fn}: expected {out.nbytes} bytes from group rank {source} (like= "
                      f"{out.shape} {out.dtype}, {math.prod(out.shape)} elements), got {what} "

@@ -37,6 +37,7 @@ from fcoll.groups.halo_axes import axes, check_faces
 from fcoll.groups.membership import member
 from fcoll.groups.mesh import Mesh
 from fcoll.policy.arrays import A, ArrayProtocol
+from fcoll.policy.dtypes import SUPPORTED
 from fcoll.policy.header import INLINE, SEPARATE, header, inline, parse
 from fcoll.policy.validate import check_array, check_like, check_rank
 
@@ -99,7 +100,12 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     if detail.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
         detail.log.info("rank %s: sendrecv dst=%s src=%s x=%s", g.rank, dst, src, detail.describe(x))
     if like is not None:
-        shape, dtype = check_like(like, fn) if src is not None else ((0,), np.dtype(np.uint8))
+        if source == MPI.PROC_NULL:
+            shape, dtype = (0,), np.dtype(np.uint8)  # nothing arrives
+        elif type(like) is np.ndarray and like.dtype in SUPPORTED:
+            shape, dtype = like.shape, like.dtype
+        else:
+            shape, dtype = check_like(like, fn)
         return _bare.exchange(call, x if dst is not None else None, to, source,
                               PARTS * tag + BARE, shape, dtype)
     return _sendrecv(call, x if dst is not None else None, to, source, PARTS * tag)
