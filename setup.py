@@ -24,7 +24,8 @@ if os.environ.get("FCOLL_SANITIZE") == "1":
               "-fno-omit-frame-pointer", "-O1", "-g", "-DFCOLL_NO_CLONES"]
     link += ["-fsanitize=address,undefined"]
 
-sources = [f"fcoll/backends/{name}.c" for name in ("_shmcore", "_shmfold", "_shmfast", "_shmxla", "_shmalltoall")]
+sources = [f"fcoll/backends/{name}.c"
+           for name in ("_shmcore", "_shmfold", "_shmfast", "_shmxla", "_shmalltoall")]
 # _shmxla.c is the XLA FFI handler (fcoll.xla.channel): against XLA's C API header, vendored
 # under fcoll/backends/vendor (with its licence), so neither jaxlib nor MPI is needed to build.
 depends = ["fcoll/backends/_shmcore.h", "fcoll/backends/vendor/xla/ffi/api/c_api.h"]

@@ -100,6 +100,7 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     if detail.log.isEnabledFor(logging.INFO):  # logged; not collective: nothing to compare
         detail.log.info("rank %s: sendrecv dst=%s src=%s x=%s", g.rank, dst, src, detail.describe(x))
     if like is not None:
+        shape: tuple[int, ...]
         if source == MPI.PROC_NULL:
             shape, dtype = (0,), np.dtype(np.uint8)  # nothing arrives
         elif type(like) is np.ndarray and like.dtype in SUPPORTED:
