@@ -384,6 +384,8 @@ def test_halo_width_zero_and_sub_mesh():
     full = _grid((3, 12 * row.size), row.shape, [1])
     x, expected = _blocks(full, row.shape, row.coordinate(), [1], [1], [True])
     assert same_bits(fc.halo_exchange(x, row, 1, dims=[1], periodic=True), expected)
+    assert fc.halo_exchange(x, row, 1, dims=[1], periodic=True, donate=True) is x
+    assert same_bits(x, expected)
 
 
 def test_halo_errors():
