@@ -252,3 +252,28 @@ def test_lists_fast_path_takes_two_steps(world_size, rank, forced, monkeypatch):
         fc.all_to_all(chunks[:-1])
     got = fc.all_to_all([c.view(np.int32) for c in chunks])  # another dtype: its own path
     assert all(same_bits(a, b.view(np.int32)) for a, b in zip(got, first, strict=True))
+
+
+def test_steps_and_memory_per_rank(group, forced):  # noqa: F811
+    """Messages are the segment's steps: ceil(block / piece) for even splits, one more (the
+    words) for uneven ones, whatever p; the segment a rank keeps stays two slots of at most
+    a chunk (`segment.CHUNK`) per rank, so its memory is O(p) per node, O(1) per rank."""
+    import math
+
+    from fcoll.backends.segment import CHUNK
+
+    n = group.size
+    if n == 1:
+        pytest.skip("needs two ranks")
+    g = resolve_group(group.arg, "test")
+    for block in (64, 3 * shm_alltoall.piece(n, 1 << 40) + 8):
+        x = np.zeros(n * block, np.uint8)
+        fc.all_to_all_single(x, group=group.arg)  # the segment grown for it
+        steps = math.ceil(block / shm_alltoall.piece(n, block))
+        with fc.debug.traffic() as t:
+            fc.all_to_all_single(x, group=group.arg)
+        assert t.messages == steps, (block, t.messages)
+        with fc.debug.traffic() as t:
+            fc.all_to_all_single(x, [block] * n, [block] * n, group=group.arg)
+        assert t.messages == steps + 1, (block, t.messages)
+        assert g.shm.capacity <= CHUNK
