@@ -277,3 +277,30 @@ def test_steps_and_memory_per_rank(group, forced):  # noqa: F811
             fc.all_to_all_single(x, [block] * n, [block] * n, group=group.arg)
         assert t.messages == steps + 1, (block, t.messages)
         assert g.shm.capacity <= CHUNK
+
+
+def test_packed_chunks_in_c_and_numpy_agree(monkeypatch):
+    """The compiled core's pack_chunks/unpack_chunks and the numpy path give the same bytes
+    and the same chunks (0-d, empty, odd and even dims, 7-d); a non-contiguous chunk is left
+    to numpy; a malformed buffer raises; another dtype's block comes back as bytes."""
+    from fcoll.backends import native
+
+    core = native.module()
+    if core is None:
+        pytest.skip("the compiled core is not built (or FCOLL_NATIVE=0)")
+    chunks = [bits(0, s, np.float32, salt=i) for i, s in
+              enumerate([(), (0,), (3,), (2, 5), (1, 2, 3), (0, 4), (1,) * 7])]
+    monkeypatch.setattr(native, "running", lambda: False)
+    buf, sizes = _alltoall._packed(chunks)
+    want, codes = _alltoall._unpacked(buf, np.dtype(np.float32))
+    c_buf, c_sizes = core.pack_chunks(chunks, _alltoall._code(np.dtype(np.float32)))
+    assert sizes == c_sizes and same_bits(buf, c_buf) and len(set(codes)) == 1
+    got, c_codes = core.unpack_chunks(c_buf, np.dtype(np.float32))
+    assert c_codes == codes
+    for a, b, c in zip(chunks, want, got, strict=True):
+        assert same_bits(a, b) and same_bits(a, c) and c.flags.aligned and c.base is c_buf
+    assert core.pack_chunks([np.zeros((4, 4))[:, ::2]], 1) is None
+    with pytest.raises(ValueError, match="malformed"):
+        core.unpack_chunks(c_buf[:20].copy(), np.dtype(np.float32))
+    other, _ = core.unpack_chunks(c_buf, np.dtype(np.complex128))  # 12 bytes are no complex
+    assert other[2].dtype == np.uint8 and other[2].nbytes == 12

@@ -268,3 +268,137 @@ PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
     failed = alltoall_steps(c, &s, src, scount, sdispl, dst, rcount, rdispl, most, most, &ts);
     return shm_finish(c, ts, failed, out);
 }
+
+/* ---- a list's chunks as self-describing blocks (fcoll.collectives._alltoall) ---------------- */
+
+#define CHUNK_ALIGN 16 /* _alltoall.ALIGN */
+
+static Py_ssize_t padded(Py_ssize_t n) { return (n + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN; }
+
+/* header words of a chunk of ``ndim`` dims: [code, nbytes, ndim, *shape], an even count */
+static Py_ssize_t head_words(int ndim) { return 3 + ndim + (ndim % 2 == 0); }
+
+/* pack_chunks(chunks, code): (buffer, sizes), every chunk (C-contiguous numpy arrays) as its
+ * header words then its bytes padded to 16 (as _alltoall._packed), in one new uint8 array;
+ * None where a chunk is not a C-contiguous numpy array (the caller packs in numpy) */
+PyObject *shm_pack_chunks(PyObject *module, PyObject *args) {
+    PyObject *chunks;
+    long long code;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "O!L", &PyList_Type, &chunks, &code)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(chunks), total = 0;
+    for (Py_ssize_t j = 0; j < n; ++j) {
+        PyObject *c = PyList_GET_ITEM(chunks, j);
+        if (!PyArray_CheckExact(c) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)c)) Py_RETURN_NONE;
+        PyArrayObject *a = (PyArrayObject *)c;
+        total += 8 * head_words(PyArray_NDIM(a)) + padded(PyArray_NBYTES(a));
+    }
+    npy_intp dims[1] = {total};
+    PyArrayObject *buf = (PyArrayObject *)PyArray_SimpleNew(1, dims, NPY_UINT8);
+    PyObject *sizes = buf == NULL ? NULL : PyList_New(n);
+    if (sizes == NULL) {
+        Py_XDECREF(buf);
+        return NULL;
+    }
+    char *at = PyArray_BYTES(buf);
+    for (Py_ssize_t j = 0; j < n; ++j) {
+        PyArrayObject *a = (PyArrayObject *)PyList_GET_ITEM(chunks, j);
+        int ndim = PyArray_NDIM(a);
+        Py_ssize_t words = head_words(ndim), nbytes = PyArray_NBYTES(a);
+        int64_t head[3 + NPY_MAXDIMS + 1];
+        head[0] = (int64_t)code;
+        head[1] = (int64_t)nbytes;
+        head[2] = ndim;
+        for (int d = 0; d < ndim; ++d) head[3 + d] = (int64_t)PyArray_DIMS(a)[d];
+        if (ndim % 2 == 0) head[3 + ndim] = 0;
+        memcpy(at, head, (size_t)(8 * words));
+        at += 8 * words;
+        if (nbytes) memcpy(at, PyArray_BYTES(a), (size_t)nbytes);
+        memset(at + nbytes, 0, (size_t)(padded(nbytes) - nbytes));
+        at += padded(nbytes);
+        PyObject *size = PyLong_FromSsize_t(8 * words + padded(nbytes));
+        if (size == NULL) {
+            Py_DECREF(buf);
+            Py_DECREF(sizes);
+            return NULL;
+        }
+        PyList_SET_ITEM(sizes, j, size);
+    }
+    return Py_BuildValue("(NN)", (PyObject *)buf, sizes);
+}
+
+/* unpack_chunks(buffer, dtype): (chunks, codes): the blocks of ``buffer`` (a C-contiguous
+ * uint8 array of pack_chunks' blocks) as views of ``dtype`` (their base the buffer), and each
+ * block's dtype word; a block whose size is not its shape's in ``dtype`` comes back as its
+ * bytes (the dtypes differ: the caller sees it in the words). ValueError on a malformed
+ * buffer. */
+PyObject *shm_unpack_chunks(PyObject *module, PyObject *args) {
+    PyObject *given;
+    PyArray_Descr *dtype;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OO&", &given, PyArray_DescrConverter, &dtype)) return NULL;
+    if (!PyArray_CheckExact(given) || PyArray_TYPE((PyArrayObject *)given) != NPY_UINT8 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)given)) {
+        Py_DECREF(dtype);
+        PyErr_SetString(PyExc_ValueError, "_shmcore.unpack_chunks: expected a C-contiguous uint8 array");
+        return NULL;
+    }
+    PyArrayObject *buf = (PyArrayObject *)given;
+    const char *base = PyArray_BYTES(buf);
+    Py_ssize_t size = PyArray_NBYTES(buf), at = 0, item = PyDataType_ELSIZE(dtype);
+    PyObject *chunks = PyList_New(0), *codes = PyList_New(0);
+    while (chunks != NULL && codes != NULL && at < size) {
+        int64_t head[3];
+        if (size - at < 24) goto malformed;
+        memcpy(head, base + at, 24);
+        int64_t nbytes = head[1], ndim = head[2];
+        if (ndim < 0 || ndim > NPY_MAXDIMS || nbytes < 0) goto malformed;
+        Py_ssize_t words = head_words((int)ndim);
+        if (size - at < 8 * words || size - at - 8 * words < nbytes) goto malformed;
+        npy_intp dims[NPY_MAXDIMS];
+        int64_t count = 1;
+        for (int d = 0; d < ndim; ++d) {
+            int64_t v;
+            memcpy(&v, base + at + 8 * (3 + d), 8);
+            if (v < 0) goto malformed;
+            dims[d] = (npy_intp)v;
+            count *= v;
+        }
+        char *data = (char *)base + at + 8 * words;
+        PyObject *chunk;
+        Py_INCREF(dtype);
+        if (item > 0 && count * item == nbytes) {
+            chunk = PyArray_NewFromDescr(&PyArray_Type, dtype, (int)ndim, dims, NULL, data,
+                                         NPY_ARRAY_CARRAY, NULL);
+        } else { /* another dtype's block: its bytes */
+            Py_DECREF(dtype);
+            npy_intp length[1] = {(npy_intp)nbytes};
+            chunk = PyArray_SimpleNewFromData(1, length, NPY_UINT8, data);
+        }
+        if (chunk == NULL) break;
+        Py_INCREF(buf);
+        if (PyArray_SetBaseObject((PyArrayObject *)chunk, (PyObject *)buf) < 0) {
+            Py_DECREF(chunk);
+            break;
+        }
+        PyObject *code = PyLong_FromLongLong((long long)head[0]);
+        int failed = code == NULL || PyList_Append(chunks, chunk) < 0 || PyList_Append(codes, code) < 0;
+        Py_DECREF(chunk);
+        Py_XDECREF(code);
+        if (failed) break;
+        at += 8 * words + padded((Py_ssize_t)nbytes);
+    }
+    Py_DECREF(dtype);
+    if (PyErr_Occurred() || chunks == NULL || codes == NULL) {
+        Py_XDECREF(chunks);
+        Py_XDECREF(codes);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", chunks, codes);
+malformed:
+    Py_DECREF(dtype);
+    Py_XDECREF(chunks);
+    Py_XDECREF(codes);
+    PyErr_SetString(PyExc_ValueError, "_shmcore.unpack_chunks: a malformed block");
+    return NULL;
+}

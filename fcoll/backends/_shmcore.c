@@ -860,6 +860,10 @@ static PyObject *combine(PyObject *module, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"combine", combine, METH_VARARGS,
      "combine(out, a, b, type, op): out = a op b elementwise (out may be a or b); out"},
+    {"pack_chunks", shm_pack_chunks, METH_VARARGS,
+     "pack_chunks(chunks, code): (buffer, sizes), or None (a chunk not C-contiguous numpy)"},
+    {"unpack_chunks", shm_unpack_chunks, METH_VARARGS,
+     "unpack_chunks(buffer, dtype): (chunks as views, their dtype words)"},
     {NULL},
 };
 

@@ -144,6 +144,9 @@ PyObject *shm_alltoall_run(Core *c, const Step *s, PyArrayObject *x);
 PyObject *Core_alltoall(Core *c, PyObject *args);
 PyObject *Core_alltoallv(Core *c, PyObject *args);
 PyObject *Core_alltoallv_rows(Core *c, PyObject *args);
+/* module functions: a list's chunks packed with their headers, and cut out again */
+PyObject *shm_pack_chunks(PyObject *module, PyObject *args);
+PyObject *shm_unpack_chunks(PyObject *module, PyObject *args);
 
 /* 0 where the core folds (type, op), else -1 with ValueError set */
 int shm_fold_ok(int type, int op);

@@ -63,6 +63,23 @@ def alltoall(call: Call, x: np.ndarray, fp: int) -> np.ndarray:
     return out
 
 
+def alltoall_step(seg: Segment, call: Call, x: np.ndarray, fp: int) -> np.ndarray:
+    """`alltoall` on the numpy path of an ``x`` whose blocks fit one step, for the default
+    group's fast path (no deadline, the segment made and holding ``x``:
+    `fcoll.collectives._fast.segment_call`).
+
+    Example:
+        >>> alltoall_step(group.shm, group.call, np.array([r, r]), fp)   # rank r of 2
+        array([0, 1])
+    """
+    n = seg.n
+    block = x.nbytes // n
+    out = np.empty(x.shape, x.dtype)
+    counts = [block] * n
+    steps(call, seg, _bytes(x), counts, _offsets(counts), _bytes(out), counts, block, fp, x.size)
+    return out
+
+
 def alltoallv(call: Call, send: np.ndarray, send_counts: np.ndarray, out: np.ndarray,
               recv_counts: np.ndarray, most: int, fp: int) -> np.ndarray:
     """As MPI's ``Alltoallv`` on bytes (``send_counts``/``recv_counts``: int64 arrays of bytes,

@@ -3,8 +3,9 @@ group's on-node segment where it serves (`fcoll.backends.shm_alltoall`), else MP
 ``Alltoall``/``Alltoallv``.
 
 The segment serves a group on one node whenever `fcoll.backends.shm.limit` allows the
-``all_to_all`` op at all (the compiled core running, or ``FCOLL_SHM=1``), whatever the sizes:
-uneven splits give ranks different sizes, and every rank must take the same path. There the
+``all_to_all`` op at all (the compiled core running, or ``FCOLL_SHM=1``), up to `limit`
+bytes of ``n`` blocks of the largest: uneven splits give ranks different sizes, and every
+rank must take the same path, so they choose after agreeing on the sizes. There the
 split sizes of uneven calls travel as int64 words in one step of the segment (the core's
 ``alltoallv_rows``, or `shm_alltoall.agree` on the numpy path) rather than as pickled objects
 over MPI, and a list's chunks travel as blocks of bytes each led by its header (dtype word,
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fcoll.backends import mpi as backend
-from fcoll.backends import shm, shm_alltoall
+from fcoll.backends import native, shm, shm_alltoall
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import Call
 from fcoll.collectives._common import nbytes_of, split_bytes
@@ -192,8 +193,13 @@ def unpacked(call: Call, buf: np.ndarray, arrays: list[np.ndarray]) -> list[np.n
 
 def _packed(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     """Every chunk as header words ``[dtype word, nbytes, ndim, *shape]`` (an even count) then
-    its bytes padded to `ALIGN`, in one buffer; the blocks' sizes."""
-    code, parts, sizes = _code(arrays[0].dtype), [], []
+    its bytes padded to `ALIGN`, in one buffer; the blocks' sizes. The compiled core's
+    ``pack_chunks`` where it runs (C-contiguous chunks), the same bytes in numpy otherwise."""
+    code = _code(arrays[0].dtype)
+    if native.running() and type(arrays) is list and \
+            (packed := _core().pack_chunks(arrays, code)) is not None:
+        return packed  # type: ignore[no-any-return]
+    parts, sizes = [], []
     for a in arrays:
         head = np.array([code, a.nbytes, a.ndim, *a.shape, *_PAD[a.ndim % 2]], np.int64)
         pad = -a.nbytes % ALIGN
@@ -203,12 +209,22 @@ def _packed(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
 
 
 _PAD = ((0,), ())  # a word after an odd count of header words
+_CORE: list[Any] = []
+
+
+def _core() -> Any:
+    """The compiled core's module (looked up once)."""
+    if not _CORE:
+        _CORE.append(native.module())
+    return _CORE[0]
 _ZEROS = np.zeros(ALIGN, np.uint8)
 
 
 def _unpacked(buf: np.ndarray, dtype: np.dtype[Any]) -> tuple[list[np.ndarray], list[int]]:
     """The chunks in ``buf`` (`_packed` blocks, one per rank) as ``dtype`` arrays (views), and
-    each block's dtype word."""
+    each block's dtype word (the compiled core's ``unpack_chunks`` where it runs)."""
+    if native.running():
+        return _core().unpack_chunks(buf, dtype)  # type: ignore[no-any-return]
     chunks, codes, at, words = [], [], 0, buf[: buf.size // 8 * 8].view(np.int64)
     while at < buf.size:
         code, nbytes, ndim = words[at // 8 : at // 8 + 3].tolist()

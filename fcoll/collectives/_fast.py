@@ -258,22 +258,28 @@ def all_gather(g: Any, byte: Any, shared: tuple[float, float] = (INF, INF),
     return run
 
 
-def all_to_all(g: Any, byte: Any, dtype: np.dtype[Any] | None = None, key: Any = None) -> Fast:
-    """MPI's all_to_all; with ``dtype`` (the group's all-to-alls go through its segment, the
-    compiled core stepping) through the core instead, its own callable once the segment
-    steps (`fcoll.collectives._fast_native.swapper`), the full path where the segment cannot
-    hold ``x`` yet."""
+def all_to_all(g: Any, byte: Any, dtype: np.dtype[Any] | None = None, key: Any = None,
+               native: bool = True) -> Fast:
+    """MPI's all_to_all; with ``dtype`` (the group's all-to-alls go through its segment)
+    through the segment instead: the compiled core (``native``; its own callable once the
+    segment steps, `fcoll.collectives._fast_native.swapper`) or one numpy step
+    (`fcoll.backends.shm_alltoall.alltoall_step`), the full path where the segment cannot hold
+    ``x`` in one step yet."""
     comm, empty, n = g._comm, np.empty, g.size
-    calls, ends, pos, mask, ranks, clock = flight.recorder(g.key)
-    core, top = None, INF
+    calls, ends, pos, mask, ranks, clock = recorder = flight.recorder(g.key)
+    core, top, steps, fp, one = None, INF, None, 0, 0
     if dtype is not None:
+        from fcoll.backends import shm_alltoall
         from fcoll.collectives._alltoall import limit
 
         fp, top = fingerprint("all_to_all_single", "", dtype), limit()
         top = INF if top < 0 else top
-        swap = _native.swapper(ALL_TO_ALL, key, g, "alltoall", "all_to_all_single", fp,
-                               limit=top) if key is not None else None
-        core = _native.call(g, "all_to_all_single", "alltoall", fp, -1.0, swap=swap)
+        if native:
+            swap = _native.swapper(ALL_TO_ALL, key, g, "alltoall", "all_to_all_single", fp,
+                                   limit=top) if key is not None else None
+            core = _native.call(g, "all_to_all_single", "alltoall", fp, -1.0, swap=swap)
+        else:
+            steps, one = shm_alltoall.alltoall_step, shm_alltoall.piece(n, 1 << 62)
 
     def run(x: np.ndarray) -> np.ndarray | None:
         shape = x.shape
@@ -281,6 +287,9 @@ def all_to_all(g: Any, byte: Any, dtype: np.dtype[Any] | None = None, key: Any =
             return None
         if core is not None and x.nbytes < top:
             return core(x)  # type: ignore[no-any-return]
+        if steps is not None:  # the numpy steps: one step, else the full path
+            return segment_call(g, recorder, "all_to_all_single", steps, x, fp) \
+                if x.nbytes // n <= one else None
         g.seq += 1
         out = empty(shape, x.dtype)
         if calls is None:

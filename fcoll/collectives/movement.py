@@ -332,9 +332,8 @@ def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll.policy.arr
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(call, send, out), lambda: out, send)
         shared, key = _alltoall.shared(call), _fast.key(group, x.dtype)
-        if not shared or native.running():  # the numpy steps (FCOLL_SHM=1 alone) have no fast path
-            _fast.learn(_fast.ALL_TO_ALL, key, g, _fast.all_to_all, backend.BYTE,
-                        x.dtype if shared else None, key)
+        _fast.learn(_fast.ALL_TO_ALL, key, g, _fast.all_to_all, backend.BYTE,
+                    x.dtype if shared else None, key, native.running())
         return _alltoall.even(call, c_order(x))
     if async_op:
         return _uneven_async(call, x, ins, outs)
