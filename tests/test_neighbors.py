@@ -375,6 +375,27 @@ def test_donated_halo_refuses_what_it_cannot_fill():
     assert y[0] == (fc.get_rank() - 1) % n and y[-1] == (fc.get_rank() + 1) % n
 
 
+def test_donated_read_only_on_one_rank_raises_everywhere_under_detail(world_size, rank):
+    """Under debug="detail" the read-only check is one of the compared checks: rank 0's
+    read-only block makes it raise ValueError and every other rank CollectiveMismatchError,
+    before anything is sent; the mesh still works after."""
+    if world_size < 2:
+        pytest.skip("needs two ranks")
+    mesh = fc.Mesh((world_size,), ("x",))
+    x = np.arange(6.0)
+    x.flags.writeable = rank != 0
+    fc.init(debug="detail")
+    try:
+        error = ValueError if rank == 0 else fc.CollectiveMismatchError
+        with pytest.raises(error, match="halo_exchange"):
+            fc.halo_exchange(x, mesh, 1, periodic=True, donate=True)
+        y = np.full(6, float(rank))
+        assert fc.halo_exchange(y, mesh, 1, periodic=True, donate=True) is y
+        assert y[0] == (rank - 1) % world_size and y[-1] == (rank + 1) % world_size
+    finally:
+        fc.init(debug="off")
+
+
 def test_halo_width_zero_and_sub_mesh():
     n = fc.get_world_size()
     mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))

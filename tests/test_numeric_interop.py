@@ -49,8 +49,9 @@ def test_sendrecv_and_halo(kind):  # noqa: F811
 
 def test_donated_halo(kind):  # noqa: F811
     """donate=True: a torch tensor is filled in place and returned itself (also bfloat16, a
-    transposed view); one that requires grad raises naming x; a JAX array (immutable) gets a
-    new array, as without donate, and keeps its values."""
+    transposed view, an inference tensor inside inference_mode); one that requires grad, an
+    expanded one or an inference tensor outside inference_mode raises naming x; a JAX array
+    (immutable) gets a new array, as without donate, and keeps its values."""
     n = fc.get_world_size()
     mesh = fc.Mesh(_mesh_shape(n, 2), ("y", "x"))
     full = _grid((8, 9), mesh.shape, [0, 1], dtype="float32")
@@ -74,6 +75,17 @@ def test_donated_halo(kind):  # noqa: F811
     g = to_kind(block, kind).requires_grad_()
     with pytest.raises(ValueError, match="expected x not to require grad with donate=True"):
         fc.halo_exchange(g, mesh, 1, periodic=[True, False], donate=True)
+    # what torch's own in-place ops refuse, refused on every rank before anything is sent
+    wide = to_kind(block[:1], kind).expand(*block.shape)
+    with pytest.raises(ValueError, match="expected x's elements to have memory of their own"):
+        fc.halo_exchange(wide, mesh, 1, periodic=[True, False], donate=True)
+    with torch.inference_mode():
+        frozen = to_kind(block, kind)
+    with pytest.raises(ValueError, match="got an inference tensor outside"):
+        fc.halo_exchange(frozen, mesh, 1, periodic=[True, False], donate=True)
+    with torch.inference_mode():  # inside inference_mode it may be written
+        assert fc.halo_exchange(frozen, mesh, 1, periodic=[True, False], donate=True) is frozen
+    same(kind, frozen, expected)
 
 
 def test_sendrecv_like(kind):  # noqa: F811

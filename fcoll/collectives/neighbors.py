@@ -19,6 +19,7 @@ same shape (checked: a face of another size raises `ValueError`).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any, cast, overload
 
@@ -79,7 +80,9 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
     nothing but the data travels (no header, no probe: `fcoll.collectives._bare`), so such a
     `sendrecv` pairs only with one that also passes ``like`` on the same ``tag``. A message
     of another size raises `ValueError` on the receiving rank (the communicator stays
-    usable). Over NCCL (cupy) the sizes cannot be checked: ``like`` must match.
+    usable). Over NCCL (cupy) the sizes cannot be checked: NCCL requires the peer's send to
+    have the receive's count, and reports nothing when it does not (the receive may wait
+    forever or hold part of the message), so ``like`` must match what ``src`` sends.
 
     Example:
         >>> r, n = fc.get_rank(), fc.get_world_size()         # a ring of 4 ranks
@@ -167,10 +170,10 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
     filled in place and ``x`` itself is returned, so a stencil loop copies nothing (a
     C-contiguous ``x``: rows travel as views of it, other dims' faces through buffers; another
     layout goes through a C-ordered copy written back into ``x``). A read-only ``x`` raises
-    `ValueError`, as does a torch tensor that requires grad or is a lazy conjugate or
-    negative view; a CPU or CUDA tensor, and a cupy array, are filled in place; a JAX array
-    cannot be written, so it gets a new array as without ``donate`` (JAX's donation is a
-    hint too).
+    `ValueError`, as does a torch tensor that requires grad, is a lazy conjugate or negative
+    view, an inference tensor outside ``inference_mode`` or an expanded one (stride 0); a
+    CPU or CUDA tensor, and a cupy array, are filled in place; a JAX array cannot be
+    written, so it gets a new array as without ``donate`` (JAX's donation is a hint too).
 
     Example:
         >>> mesh = fc.Mesh((4,), ("x",))                    # 4 ranks, 1-D grid
@@ -190,7 +193,7 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
     key = _key(x, mesh, width, dims, periodic) if type(x) is np.ndarray else None
     steps = None if key is None or runtime._state.checking else _STEPS.get(key)
     if steps is None:
-        steps = _steps(x, mesh, width, dims, periodic)
+        steps = _steps(x, mesh, width, dims, periodic, donate)
         if key is not None:
             if len(_STEPS) >= KEPT:
                 _STEPS.clear()
@@ -207,10 +210,15 @@ def halo_exchange(x: A, mesh: Mesh, width: int | Sequence[int], *,
 def _donated(x: Any) -> np.ndarray:
     """The array a donated exchange fills: ``x`` itself (C-contiguous), else a C-ordered copy
     to write back; `ValueError` for a read-only ``x``, before anything is sent."""
+    _check_writable(x)
+    return x if x.flags.c_contiguous else np.array(x, order="C", copy=True)
+
+
+def _check_writable(x: Any) -> None:
+    """`ValueError` for a donated numpy ``x`` that is read-only."""
     if not x.flags.writeable:
         raise ValueError("halo_exchange: expected x to be writable with donate=True (its ghost "
                          "cells are filled in place), got a read-only array")
-    return x if x.flags.c_contiguous else np.array(x, order="C", copy=True)
 
 
 def _routed(on: Any, x: Any, mesh: Mesh, width: Any, dims: Any, periodic: Any, donate: bool
@@ -236,7 +244,8 @@ def _routed(on: Any, x: Any, mesh: Mesh, width: Any, dims: Any, periodic: Any, d
 
 
 def _check_donated_tensor(x: Any) -> None:
-    """`ValueError` for a torch tensor that cannot be filled in place."""
+    """`ValueError` for a torch tensor that cannot be filled in place (where torch's own
+    in-place ops refuse it too), before anything is sent."""
     fn = "halo_exchange"
     if x.requires_grad:
         raise ValueError(f"{fn}: expected x not to require grad with donate=True (autograd "
@@ -244,6 +253,12 @@ def _check_donated_tensor(x: Any) -> None:
     if x.is_conj() or x.is_neg():
         raise ValueError(f"{fn}: expected x to own its values with donate=True, got a lazy "
                          "conjugate or negative view (call resolve_conj()/resolve_neg())")
+    if x.is_inference() and not sys.modules["torch"].is_inference_mode_enabled():
+        raise ValueError(f"{fn}: expected x to be writable with donate=True, got an inference "
+                         "tensor outside torch.inference_mode()")
+    if any(step == 0 and n > 1 for step, n in zip(x.stride(), x.shape, strict=True)):
+        raise ValueError(f"{fn}: expected x's elements to have memory of their own with "
+                         "donate=True, got an expanded tensor (a stride of 0: call clone())")
 
 
 Step = tuple[Group, _halo.Plan]  # an axis's group and its exchange
@@ -269,13 +284,18 @@ def _key(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: ob
     return key if isinstance(mesh, Mesh) else None
 
 
-def _steps(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: object) -> list[Step]:
-    """The checked call's exchanges, one per mesh axis that has a neighbour and a width."""
+def _steps(x: ArrayProtocol, mesh: Mesh, width: object, dims: object, periodic: object,
+           donate: bool = False) -> list[Step]:
+    """The checked call's exchanges, one per mesh axis that has a neighbour and a width. A
+    donated read-only ``x`` fails among the checks, so under ``debug="detail"`` every rank
+    raises (the others `CollectiveMismatchError`), not only this one."""
     fn = "halo_exchange"
     g, call = member(mesh.parent if isinstance(mesh, Mesh) else None, fn)
     with detail.checked(g, call, fn, dtype=str(getattr(x, "dtype", None)),
                         ndim=getattr(x, "ndim", None), width=width, dims=dims, periodic=periodic):
         split = axes(x, mesh, width, dims, periodic)
+        if donate and type(x) is np.ndarray:
+            _check_writable(x)
     check_faces(call, x, mesh, split)
     steps: list[Step] = []
     for name, d, w, wrap in split:

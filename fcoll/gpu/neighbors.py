@@ -4,9 +4,13 @@
 `sendrecv`: the shape and dtype travel first over MPI (`fcoll.policy.header`'s header, on an
 internal tag of the group's communicator), the data then over NCCL, so a cupy `sendrecv`
 pairs with a cupy `sendrecv` (NCCL orders messages between two ranks by call, whatever the
-tag). `halo_exchange`: per mesh axis, each edge is copied into a contiguous buffer on the
-device (``ascontiguousarray``), sent, and the received faces copied into the ghost cells of
-the result (``x`` itself when donated). Under a deadline each axis waits for its NCCL work
+tag). With ``like=`` no header travels: the data goes straight into a cupy array of
+``like``'s shape and dtype, unchecked (NCCL requires matching counts and cannot tell a
+mismatch: a receive may wait forever or hold part of the message).
+
+`halo_exchange`: per mesh axis, each edge is copied into a contiguous buffer on the device
+(``ascontiguousarray``), sent, and the received faces copied into the ghost cells of the
+result (``x`` itself when donated). Under a deadline each axis waits for its NCCL work
 (`fcoll.backends.nccl.wait`). The MPI transports stage both through host memory (`fcoll.gpu.route`).
 """
 
