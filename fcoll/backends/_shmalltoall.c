@@ -1,7 +1,8 @@
 /* All-to-all through the segment (fcoll.backends.shm_alltoall): the Core methods ``alltoall``
  * (even splits), ``alltoallv`` (counts in bytes, blocks packed in rank order) and
  * ``alltoallv_rows`` (all_to_all_single's uneven splits whole: their metadata in one step, its
- * check, then the data), and shm_run's K_ALLTOALL.
+ * check, then the data), the module functions ``pack_chunks``/``unpack_chunks``, and
+ * shm_takes's and shm_run's K_ALLTOALL: all handed to _shmcore.c in ``shm_alltoall_kind``.
  *
  * Each data step carries the next piece of every block a rank sends (piece j at j * per of its
  * line or slot); after the step's arrival every rank copies piece ``me`` of every peer's slot
@@ -22,7 +23,7 @@
 
 /* bytes of each block an all-to-all step carries, its largest block ``most`` bytes: all of it
  * where n of them fit a chunk, else a chunk's n-th (64-byte aligned pieces) */
-Py_ssize_t shm_alltoall_piece(Core *c, Py_ssize_t most) {
+static Py_ssize_t alltoall_piece(Core *c, Py_ssize_t most) {
     Py_ssize_t per = c->chunk / c->n;
     if (per > 64) per &= ~(Py_ssize_t)63;
     if (most < per) per = most;
@@ -39,7 +40,7 @@ static int alltoall_steps(Core *c, const Step *s, const char *src, const Py_ssiz
                           const Py_ssize_t *rdispl, Py_ssize_t most, int64_t count,
                           PyThreadState **ts) {
     int n = c->n, me = c->rank, failed = STEP_OK;
-    Py_ssize_t per = shm_alltoall_piece(c, most);
+    Py_ssize_t per = alltoall_piece(c, most);
     for (Py_ssize_t at = 0; at < most || (most == 0 && at == 0); at += per) {
         int64_t step = c->step + 1;
         char *mine = data_of(c, me, step, per * n);
@@ -59,7 +60,7 @@ static int alltoall_steps(Core *c, const Step *s, const char *src, const Py_ssiz
 }
 
 /* all_to_all_single with even splits: block j (x's rows split n ways) to rank j, a new array */
-PyObject *shm_alltoall_run(Core *c, const Step *s, PyArrayObject *x) {
+static PyObject *alltoall_run(Core *c, const Step *s, PyArrayObject *x) {
     int n = c->n;
     PyArrayObject *out = shm_new_like(x, -1);
     if (out == NULL) return NULL;
@@ -76,7 +77,15 @@ PyObject *shm_alltoall_run(Core *c, const Step *s, PyArrayObject *x) {
     return shm_finish(c, ts, failed, out);
 }
 
-PyObject *Core_alltoall(Core *c, PyObject *args) {
+/* shm_takes's K_ALLTOALL: x C-contiguous, its rows split n ways, a step's pieces in the segment */
+static int alltoall_takes(Core *c, const Step *s, PyArrayObject *x) {
+    (void)s;
+    if (!PyArray_IS_C_CONTIGUOUS(x) || PyArray_NDIM(x) == 0 || PyArray_DIMS(x)[0] % c->n) return 0;
+    Py_ssize_t block = PyArray_NBYTES(x) / c->n;
+    return min_size(block, alltoall_piece(c, block)) * c->n <= c->capacity;
+}
+
+static PyObject *Core_alltoall(Core *c, PyObject *args) {
     PyObject *x;
     long long fp;
     Step s = {.kind = K_ALLTOALL};
@@ -109,7 +118,7 @@ static int sizes_from(Core *c, PyObject *given, Py_ssize_t *sizes, const char *n
  * to the C-contiguous writable out, as MPI_Alltoallv on bytes with the blocks packed in rank
  * order (counts: int64 arrays of n); ``most``: the largest block of any rank (every rank's
  * alike). out, or None where the segment does not hold a step. */
-PyObject *Core_alltoallv(Core *c, PyObject *args) {
+static PyObject *Core_alltoallv(Core *c, PyObject *args) {
     PyObject *x, *given, *sc, *rc;
     long long fp, count;
     Py_ssize_t most, scount[MAX_RANKS], sdispl[MAX_RANKS], rcount[MAX_RANKS], rdispl[MAX_RANKS];
@@ -138,7 +147,7 @@ PyObject *Core_alltoallv(Core *c, PyObject *args) {
                                           "writable C-contiguous out that hold their blocks");
         return NULL;
     }
-    if (min_size(most, shm_alltoall_piece(c, most)) * c->n > c->capacity) Py_RETURN_NONE;
+    if (min_size(most, alltoall_piece(c, most)) * c->n > c->capacity) Py_RETURN_NONE;
     s.fp = (int64_t)fp;
     const char *src = PyArray_BYTES((PyArrayObject *)x);
     char *dst = PyArray_BYTES((PyArrayObject *)given);
@@ -193,7 +202,7 @@ static int disagreement(const int64_t *const *w, int n, int *p, int *q) {
  * ("grow", most, received) where the data needs a larger segment (most: the largest block in
  * bytes; received: the rows from each rank), ("mpi", most, received) where n blocks of ``most``
  * bytes reach ``ceiling`` (-1: none): MPI's copies are faster there. */
-PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
+static PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
     PyObject *x, *ins_given, *outs_given;
     long long code, meta_fp, fp;
     Py_ssize_t ceiling;
@@ -249,7 +258,7 @@ PyObject *Core_alltoallv_rows(Core *c, PyObject *args) {
     }
     most *= row;
     int to_mpi = ceiling >= 0 && most * n >= ceiling;
-    if (to_mpi || min_size(most, shm_alltoall_piece(c, most)) * n > c->capacity) {
+    if (to_mpi || min_size(most, alltoall_piece(c, most)) * n > c->capacity) {
         PyObject *rows = PyList_New(n);
         for (int j = 0; rows != NULL && j < n; ++j) {
             PyObject *v = PyLong_FromLongLong((long long)w[j][me]);
@@ -281,7 +290,7 @@ static Py_ssize_t head_words(int ndim) { return 3 + ndim + (ndim % 2 == 0); }
 /* pack_chunks(chunks, code): (buffer, sizes), every chunk (C-contiguous numpy arrays) as its
  * header words then its bytes padded to 16 (as _alltoall._packed), in one new uint8 array;
  * None where a chunk is not a C-contiguous numpy array (the caller packs in numpy) */
-PyObject *shm_pack_chunks(PyObject *module, PyObject *args) {
+static PyObject *pack_chunks(PyObject *module, PyObject *args) {
     PyObject *chunks;
     long long code;
     (void)module;
@@ -332,7 +341,7 @@ PyObject *shm_pack_chunks(PyObject *module, PyObject *args) {
  * block's dtype word; a block whose size is not its shape's in ``dtype`` comes back as its
  * bytes (the dtypes differ: the caller sees it in the words). ValueError on a malformed
  * buffer. */
-PyObject *shm_unpack_chunks(PyObject *module, PyObject *args) {
+static PyObject *unpack_chunks(PyObject *module, PyObject *args) {
     PyObject *given;
     PyArray_Descr *dtype;
     (void)module;
@@ -402,3 +411,25 @@ malformed:
     PyErr_SetString(PyExc_ValueError, "_shmcore.unpack_chunks: a malformed block");
     return NULL;
 }
+
+static PyMethodDef core_methods[] = {
+    {"alltoall", (PyCFunction)Core_alltoall, METH_VARARGS,
+     "alltoall(x, fp, deadline): x's rows in n blocks, block j to rank j; a new array, or None"},
+    {"alltoallv", (PyCFunction)Core_alltoallv, METH_VARARGS,
+     "alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): out, or None"},
+    {"alltoallv_rows", (PyCFunction)Core_alltoallv_rows, METH_VARARGS,
+     "alltoallv_rows(x, ins, outs, code, meta_fp, fp, ceiling, deadline): uneven "
+     "all_to_all_single: the result, None (not taken), or a tuple: (\"rows\",), (\"disagree\", "
+     "p, q, expected, sent), (\"grow\", most, received), (\"mpi\", most, received)"},
+    {NULL},
+};
+
+static PyMethodDef module_methods[] = {
+    {"pack_chunks", pack_chunks, METH_VARARGS,
+     "pack_chunks(chunks, code): (buffer, sizes), or None (a chunk not C-contiguous numpy)"},
+    {"unpack_chunks", unpack_chunks, METH_VARARGS,
+     "unpack_chunks(buffer, dtype): (chunks as views, their dtype words)"},
+    {NULL},
+};
+
+const KindFile shm_alltoall_kind = {alltoall_takes, alltoall_run, core_methods, module_methods};

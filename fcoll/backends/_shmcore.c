@@ -300,11 +300,8 @@ int shm_takes(Core *c, const Step *s, PyArrayObject *x) {
     }
     case K_ALLGATHER:
         return contiguous && min_size(nbytes, c->chunk) <= c->capacity;
-    case K_ALLTOALL: {
-        if (!contiguous || PyArray_NDIM(x) == 0 || PyArray_DIMS(x)[0] % c->n) return 0;
-        Py_ssize_t block = nbytes / c->n;
-        return min_size(block, shm_alltoall_piece(c, block)) * c->n <= c->capacity;
-    }
+    case K_ALLTOALL:
+        return shm_alltoall_kind.takes(c, s, x);
     case K_BROADCAST: /* the root reads x as it is; the others only its shape */
         return s->root >= 0 && s->root < c->n && (contiguous || c->rank != s->root) &&
                min_size(nbytes, c->chunk) <= c->capacity;
@@ -521,7 +518,7 @@ PyObject *shm_run(Core *c, const Step *s, PyArrayObject *x, PyObject *out) {
     case K_BROADCAST:
         return run_broadcast(c, s, x);
     case K_ALLTOALL:
-        return shm_alltoall_run(c, s, x);
+        return shm_alltoall_kind.run(c, s, x);
     }
     PyErr_SetString(PyExc_ValueError, "_shmcore: no such kind of call");
     return NULL;
@@ -758,7 +755,9 @@ static PyGetSetDef Core_getset[] = {
     {NULL},
 };
 
-static PyMethodDef Core_methods[] = {
+/* the Core's own methods; Core_methods (the type's table) joins them with the other files'
+ * (shm_alltoall_kind's) at module init */
+static PyMethodDef core_own_methods[] = {
     {"programs", (PyCFunction)Core_programs, METH_VARARGS,
      "programs(allreduce, scan, exscan): this rank's reduction orders, each (ops, result, "
      "temps) of fcoll.backends.tree.order's Program (ops: as_array()); once, before any reduction"},
@@ -773,18 +772,28 @@ static PyMethodDef Core_methods[] = {
      "reduce_scatter(x, type, op, flags, factor, fp, deadline): block rank of the reduction"},
     {"allgather", (PyCFunction)Core_allgather, METH_VARARGS, "allgather(x, out, fp, deadline)"},
     {"broadcast", (PyCFunction)Core_broadcast, METH_VARARGS, "broadcast(x, root, fp, deadline)"},
-    {"alltoall", (PyCFunction)Core_alltoall, METH_VARARGS,
-     "alltoall(x, fp, deadline): x's rows in n blocks, block j to rank j; a new array, or None"},
-    {"alltoallv", (PyCFunction)Core_alltoallv, METH_VARARGS,
-     "alltoallv(x, scounts, out, rcounts, most, fp, count, deadline): out, or None"},
-    {"alltoallv_rows", (PyCFunction)Core_alltoallv_rows, METH_VARARGS,
-     "alltoallv_rows(x, ins, outs, code, meta_fp, fp, ceiling, deadline): uneven "
-     "all_to_all_single: the result, None (not taken), or a tuple: (\"rows\",), (\"disagree\", "
-     "p, q, expected, sent), (\"grow\", most, received), (\"mpi\", most, received)"},
     {"announce", (PyCFunction)Core_announce, METH_VARARGS, "announce(fp, count, deadline)"},
     {"announced", (PyCFunction)Core_announced, METH_VARARGS, "[(fp, count)] of a step, by rank"},
     {NULL},
 };
+
+static PyMethodDef Core_methods[32];
+
+/* ``into`` (room for ``cap`` entries with the closing one): ``a``'s entries, then ``b``'s;
+ * 0, or -1 with SystemError set where they do not fit */
+static int join_methods(PyMethodDef *into, size_t cap, const PyMethodDef *a, const PyMethodDef *b) {
+    size_t k = 0;
+    for (const PyMethodDef *t = a; t != NULL; t = t == a ? b : NULL)
+        for (const PyMethodDef *m = t; m->ml_name != NULL; ++m) {
+            if (k + 1 >= cap) {
+                PyErr_SetString(PyExc_SystemError, "_shmcore: too many Core methods");
+                return -1;
+            }
+            into[k++] = *m;
+        }
+    into[k] = (PyMethodDef){NULL};
+    return 0;
+}
 
 PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fcoll.backends._shmcore.Core",
@@ -860,10 +869,6 @@ static PyObject *combine(PyObject *module, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"combine", combine, METH_VARARGS,
      "combine(out, a, b, type, op): out = a op b elementwise (out may be a or b); out"},
-    {"pack_chunks", shm_pack_chunks, METH_VARARGS,
-     "pack_chunks(chunks, code): (buffer, sizes), or None (a chunk not C-contiguous numpy)"},
-    {"unpack_chunks", shm_unpack_chunks, METH_VARARGS,
-     "unpack_chunks(buffer, dtype): (chunks as views, their dtype words)"},
     {NULL},
 };
 
@@ -873,10 +878,14 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__shmcore(void) {
     import_array();
-    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&FastType) < 0) return NULL;
+    if (join_methods(Core_methods, sizeof Core_methods / sizeof *Core_methods, core_own_methods,
+                     shm_alltoall_kind.core_methods) < 0 ||
+        PyType_Ready(&CoreType) < 0 || PyType_Ready(&FastType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddFunctions(m, xla_methods) < 0) {
+    if (PyModule_AddFunctions(m, xla_methods) < 0 ||
+        PyModule_AddFunctions(m, shm_alltoall_kind.module_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

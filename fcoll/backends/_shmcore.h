@@ -137,16 +137,17 @@ PyObject *shm_call(Core *c, Step *s, PyObject *x, PyObject *out);
 /* with the GIL, after a step failed: its error set (Mismatch, Timeout; STEP_ERROR: already set) */
 void shm_raise_failed(Core *c, int failed);
 
-/* _shmalltoall.c: bytes of each block an all-to-all step carries; an even all_to_all_single
- * (shm_run's K_ALLTOALL); the Core methods alltoall, alltoallv, alltoallv_rows */
-Py_ssize_t shm_alltoall_piece(Core *c, Py_ssize_t most);
-PyObject *shm_alltoall_run(Core *c, const Step *s, PyArrayObject *x);
-PyObject *Core_alltoall(Core *c, PyObject *args);
-PyObject *Core_alltoallv(Core *c, PyObject *args);
-PyObject *Core_alltoallv_rows(Core *c, PyObject *args);
-/* module functions: a list's chunks packed with their headers, and cut out again */
-PyObject *shm_pack_chunks(PyObject *module, PyObject *args);
-PyObject *shm_unpack_chunks(PyObject *module, PyObject *args);
+/* A kind of call a file of its own serves: shm_takes's and shm_run's case for it, the Core
+ * methods and module functions it adds (tables ending in {NULL}), joined at module init */
+typedef struct {
+    int (*takes)(Core *c, const Step *s, PyArrayObject *x);
+    PyObject *(*run)(Core *c, const Step *s, PyArrayObject *x);
+    PyMethodDef *core_methods;
+    PyMethodDef *module_methods;
+} KindFile;
+/* _shmalltoall.c: K_ALLTOALL (an even all_to_all_single); the Core methods alltoall,
+ * alltoallv, alltoallv_rows; the module functions pack_chunks, unpack_chunks */
+extern const KindFile shm_alltoall_kind;
 
 /* 0 where the core folds (type, op), else -1 with ValueError set */
 int shm_fold_ok(int type, int op);

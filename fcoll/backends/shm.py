@@ -16,103 +16,33 @@ come from the default group's fast path (`allreduce_step`, `reduce_scatter_step`
 The fold is the tree's program run with the op's ufunc, so results are bit-identical to the
 MPI path's for every dtype and op (integer and bitwise ops are exact in any order).
 
-Settings, read once per process (again after `fcoll.init`): ``FCOLL_SHM`` ``auto`` (default:
-on where it measured faster, messages of at least `MIN_BYTES` per op), ``1`` (every size,
-for tests), ``0`` (never); ``FCOLL_SHM_NODE_SIZE=k`` pretends each node holds ``k`` consecutive
-global ranks (to test groups that span nodes on one machine). Every rank must see the same
-settings.
+Where the segment serves (which ops, which sizes) and its settings (``FCOLL_SHM``,
+``FCOLL_SHM_NODE_SIZE``): `fcoll.backends.shm_window`, re-exported here.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import numpy as np
 
-from fcoll import runtime
 from fcoll.backends import native
 from fcoll.backends.segment import CHUNK, Segment
+from fcoll.backends.shm_window import ENV as ENV
+from fcoll.backends.shm_window import MAX_BYTES as MAX_BYTES
+from fcoll.backends.shm_window import MIN_BYTES as MIN_BYTES
+from fcoll.backends.shm_window import NAME as NAME
+from fcoll.backends.shm_window import NATIVE_MAX_BYTES as NATIVE_MAX_BYTES
+from fcoll.backends.shm_window import NATIVE_MIN_BYTES as NATIVE_MIN_BYTES
+from fcoll.backends.shm_window import NEVER as NEVER
+from fcoll.backends.shm_window import OVERSUBSCRIBED_MAX_BYTES as OVERSUBSCRIBED_MAX_BYTES
+from fcoll.backends.shm_window import ceiling as ceiling
+from fcoll.backends.shm_window import forget as forget
+from fcoll.backends.shm_window import limit as limit
+from fcoll.backends.shm_window import settings as settings
 from fcoll.backends.tree.order import allreduce_program, execute
 from fcoll.calls import fingerprint
 from fcoll.calls.work import Call, wait_request
 from fcoll.diagnostics.board import NODE_ENV as NODE_ENV
-from fcoll.diagnostics.board import node_size_setting, split_node
-
-NAME = "shm"
-ENV = "FCOLL_SHM"
-# Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
-# did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
-# (bench/shm_movement.py).
-MIN_BYTES: dict[str, float] = {"all_reduce": 16 << 10, "reduce_scatter": 16 << 10, "all_gather": 8 << 10,
-                               "barrier": 0, "broadcast": 128 << 10,
-                               "all_to_all": float("inf")}  # the numpy steps: tests (FCOLL_SHM=1)
-MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20}  # then MPI's (pipelined) copies
-# With the compiled core stepping (fcoll.backends.native), from the first byte
-# (bench/shm_movement.py, docs/performance.md).
-NATIVE_MIN_BYTES = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0,
-                    "barrier": 0, "all_to_all": 0}
-NATIVE_MAX_BYTES = {"all_gather": 3 << 19, "broadcast": 8 << 20,
-                    "all_to_all": 4 << 20}  # n blocks of the largest (bench/alltoall.py)
-# all_to_all with more ranks than cores on the node: from here MPI's copies were faster (n = 4
-# on 2 cores); `ceiling`
-OVERSUBSCRIBED_MAX_BYTES = {"all_to_all": 128 << 10}
-NEVER = float("inf")
-_MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
-_SETTING: list[tuple[str, int]] = []  # (auto, on or off; simulated node size), read once
-
-
-def settings() -> tuple[str, int]:
-    """``FCOLL_SHM`` as ``"auto"``, ``"on"`` or ``"off"``, and the simulated node size
-    (``FCOLL_SHM_NODE_SIZE``; 0: the real nodes).
-
-    Example:
-        >>> settings()                   # neither variable set
-        ('auto', 0)
-    """
-    if _SETTING:
-        return _SETTING[0]
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in _MODES:
-        raise ValueError(f"{ENV}: expected one of auto, 1, 0, got {value!r}")
-    _SETTING.append((_MODES[value], node_size_setting()))
-    return _SETTING[0]
-
-
-def forget() -> None:
-    """Read the settings again at the next call (`fcoll.init` does this)."""
-    _SETTING.clear()
-
-
-runtime.on_change(forget)
-
-
-def limit(group: Any, op: str = "all_reduce") -> float:
-    """The per-rank bytes from which ``group``'s ``op`` (``all_reduce``, ``reduce_scatter``,
-    ``all_gather``, ``broadcast``) uses shared memory: `NEVER` where it cannot (one rank,
-    the group found to span nodes, ``FCOLL_SHM=0``), 0 with ``FCOLL_SHM=1``, else
-    `MIN_BYTES`; `ceiling` is the other end."""
-    if group.size < 2 or group.shm is False:
-        return NEVER
-    mode = settings()[0]
-    if mode != "auto":
-        return 0 if mode == "on" else NEVER
-    return (NATIVE_MIN_BYTES if native.running() else MIN_BYTES)[op]
-
-
-def ceiling(op: str) -> float:
-    """The per-rank bytes from which ``op`` goes back to MPI (`MAX_BYTES`; none with
-    ``FCOLL_SHM=1``, or for the reductions).
-
-    Example:
-        >>> ceiling("all_gather"), ceiling("all_reduce")       # FCOLL_SHM unset
-        (1572864, inf)
-    """
-    if settings()[0] != "auto":
-        return NEVER
-    if runtime.OVERSUBSCRIBED and op in OVERSUBSCRIBED_MAX_BYTES:
-        return OVERSUBSCRIBED_MAX_BYTES[op]
-    return (NATIVE_MAX_BYTES if native.running() else MAX_BYTES).get(op, NEVER)
+from fcoll.diagnostics.board import split_node
 
 
 def segment(call: Call) -> Segment | None:

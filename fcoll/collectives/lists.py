@@ -15,7 +15,7 @@ import numpy as np
 
 from fcoll.backends import mpi as backend
 from fcoll.backends import native
-from fcoll.collectives import _alltoall, _fast
+from fcoll.collectives import _alltoall, _fast, _fast_alltoall
 from fcoll.collectives._common import c_order, nbytes_of, split_bytes
 from fcoll.dispatch import INTEROP, device, device_list, gpu_backend, interop
 from fcoll.gpu import route
@@ -160,5 +160,5 @@ def all_to_all(chunks: Sequence[A], group: GroupArg = None) -> list[A]:
         arrays = check_arrays(chunks, g.size, fn, "chunks")
     if native.running() and _alltoall.shared(call):
         _fast.learn(_fast.ALL_TO_ALL_LISTS, _fast.key(group, arrays[0].dtype), g,
-                    _fast.all_to_all_lists, arrays[0].dtype)
+                    _fast_alltoall.all_to_all_lists, arrays[0].dtype)
     return _alltoall.lists(call, arrays)  # type: ignore[return-value]  # numpy in, numpy out

@@ -23,7 +23,7 @@ from fcoll.backends import mpi as backend
 from fcoll.backends import native, nodes
 from fcoll.calls.fingerprint import of as fingerprint
 from fcoll.calls.work import Call, Work, complete_pending
-from fcoll.collectives import _alltoall, _fast
+from fcoll.collectives import _alltoall, _fast, _fast_alltoall
 from fcoll.collectives._common import c_order, dim_back, dim_first, nbytes_of
 from fcoll.collectives.nonblocking import launch, private
 from fcoll.dispatch import across_nodes, device, on_node, shm_range
@@ -332,13 +332,14 @@ def all_to_all_single(  # type: ignore[misc]  # the numpy path (fcoll.policy.arr
             send, out = private(c_order(x), x), np.empty(x.shape, x.dtype)
             return launch(fn, g, backend.ialltoall(call, send, out), lambda: out, send)
         shared, key = _alltoall.shared(call), _fast.key(group, x.dtype)
-        _fast.learn(_fast.ALL_TO_ALL, key, g, _fast.all_to_all, backend.BYTE,
+        _fast.learn(_fast.ALL_TO_ALL, key, g, _fast_alltoall.all_to_all, backend.BYTE,
                     x.dtype if shared else None, key, native.running())
         return _alltoall.even(call, c_order(x))
     if async_op:
         return _uneven_async(call, x, ins, outs)
     if input_split_sizes is not None and native.running() and _alltoall.shared(call):
-        _fast.learn(_fast.ALL_TO_ALL_V, _fast.key(group, x.dtype), g, _fast.all_to_all_v, x.dtype)
+        _fast.learn(_fast.ALL_TO_ALL_V, _fast.key(group, x.dtype), g, _fast_alltoall.all_to_all_v,
+                    x.dtype)
     return _alltoall.uneven(call, c_order(x), ins, outs)
 
 
