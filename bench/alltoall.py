@@ -24,7 +24,6 @@ import argparse
 import csv
 import statistics
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -34,37 +33,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import human  # noqa: E402
+from common import human, rotating  # noqa: E402
 
 SIZES = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
 CASES = ("even", "uneven", "lists")
 TARGET = 0.8  # issue 42: fcoll/raw at 8 B .. 8 MiB, n = 2 and 4
 Fn = Callable[[], Any]
-
-
-def batch(comm: Any, fn: Fn, iters: int) -> float:
-    from mpi4py import MPI
-
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return float(comm.allreduce(time.perf_counter() - start, op=MPI.MAX)) / iters
-
-
-def measure(comm: Any, impls: dict[str, Fn], batches: int, budget: float) -> dict[str, list[float]]:
-    """Rotating batches; each implementation's count fills about ``budget`` seconds."""
-    iters = {}
-    for name, fn in impls.items():
-        fn()
-        once = batch(comm, fn, 1)
-        iters[name] = int(comm.bcast(max(1, min(3000, int(budget / max(once, 1e-7))))))
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    for b in range(batches):
-        for name in names[b % len(names) :] + names[: b % len(names)]:
-            times[name].append(batch(comm, impls[name], iters[name]))
-    return times
 
 
 def splits(n: int, rank: int, count: int) -> list[list[int]]:
@@ -98,7 +72,7 @@ def cells(comm: Any, size: int, batches: int, budget: float) -> dict[str, dict[s
     chunks = np.split(x, np.cumsum(ins)[:-1])
     lists = {"fcoll": lambda: fc.all_to_all(chunks),
              "raw": lambda: comm.Alltoallv(send_spec, recv_spec)}
-    return {case: measure(comm, impls, batches, budget)
+    return {case: rotating(comm, impls, batches, budget, most=3000)
             for case, impls in (("even", even), ("uneven", uneven), ("lists", lists))}
 
 

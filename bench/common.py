@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 KiB, MiB = 1 << 10, 1 << 20
 FULL_SIZES = [8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
@@ -64,3 +67,32 @@ def append_rows(path: Path, rows: list[dict[str, object]]) -> None:
             writer.writeheader()
         stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         writer.writerows({"date": stamp, **row} for row in rows)
+
+
+def batch(comm: Any, fn: Callable[[], Any], iters: int) -> float:
+    """Seconds per call of ``iters`` calls of ``fn``, after a barrier: the slowest rank's."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return float(comm.allreduce(time.perf_counter() - start, op=MPI.MAX)) / iters
+
+
+def rotating(comm: Any, impls: dict[str, Callable[[], Any]], batches: int, budget: float,
+             most: int = 5000) -> dict[str, list[float]]:
+    """``batches`` rounds of every implementation (`batch`), the order rotating per round;
+    each one's calls per batch fill about ``budget`` seconds (at most ``most``, the same on
+    every rank), after a warm-up call (fast paths, datatypes, pages)."""
+    iters = {}
+    for name, fn in impls.items():
+        fn()
+        once = batch(comm, fn, 1)
+        iters[name] = int(comm.bcast(max(1, min(most, int(budget / max(once, 1e-7))))))
+    times: dict[str, list[float]] = {k: [] for k in impls}
+    names = list(impls)
+    for b in range(batches):
+        for name in names[b % len(names) :] + names[: b % len(names)]:
+            times[name].append(batch(comm, impls[name], iters[name]))
+    return times

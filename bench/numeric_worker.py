@@ -27,7 +27,6 @@ import argparse
 import importlib.util
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import fcoll as fc
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import append_rows, human  # noqa: E402
+from common import append_rows, human, rotating  # noqa: E402
 
 fc.init()
 from mpi4py import MPI  # noqa: E402
@@ -53,29 +52,6 @@ def _poisson() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def batch(comm: Any, fn: Fn, iters: int) -> float:
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return float(comm.allreduce(time.perf_counter() - start, op=MPI.MAX)) / iters
-
-
-def measure(comm: Any, impls: dict[str, Fn], batches: int, budget: float) -> dict[str, list[float]]:
-    """Rotating batches; each implementation's ``iters`` fill about ``budget`` seconds."""
-    iters = {}
-    for name, fn in impls.items():
-        fn()  # warm up (fast paths, datatypes, pages)
-        once = batch(comm, fn, 1)
-        iters[name] = int(comm.bcast(max(1, min(5000, int(budget / max(once, 1e-7))))))
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    for b in range(batches):
-        for name in names[b % len(names) :] + names[: b % len(names)]:
-            times[name].append(batch(comm, impls[name], iters[name]))
-    return times
 
 
 def record(comm: Any, rows: list[dict[str, object]], section: str, case: str, size: int,
@@ -101,7 +77,7 @@ def prefix_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: li
             out = np.empty_like(x)
             impls = {"fcoll": lambda f=ours, x=x: f(x),
                      "raw": lambda raw=raw, x=x, out=out: raw(x, out, MPI.SUM)}
-            record(comm, rows, fn, "float64", size, measure(comm, impls, args.batches, args.budget))
+            record(comm, rows, fn, "float64", size, rotating(comm, impls, args.batches, args.budget))
 
 
 def sendrecv_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: list[Any]) -> None:
@@ -113,7 +89,7 @@ def sendrecv_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: 
         impls = {"fcoll": lambda x=x: fc.sendrecv(x, dst, src),
                  "fcoll-like": lambda x=x: fc.sendrecv(x, dst, src, like=x),
                  "raw": lambda x=x, out=out: comm.Sendrecv(x, dst, 0, out, src, 0)}
-        record(comm, rows, "sendrecv", "ring", size, measure(comm, impls, args.batches, args.budget))
+        record(comm, rows, "sendrecv", "ring", size, rotating(comm, impls, args.batches, args.budget))
 
 
 class RawHalo:
@@ -162,7 +138,7 @@ def halo_cells(comm: Any, sides: list[int], args: argparse.Namespace, rows: list
                                                                        donate=True),
                      "raw": lambda a=a, raw=raw: raw(a),
                      "raw+copy": lambda x=x, raw=raw: raw(x.copy())}
-            record(comm, rows, "halo", f"w={w}", m, measure(comm, impls, args.batches, args.budget))
+            record(comm, rows, "halo", f"w={w}", m, rotating(comm, impls, args.batches, args.budget))
 
 
 def cg_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: list[Any]) -> None:
@@ -186,7 +162,7 @@ def cg_cells(comm: Any, sizes: list[int], args: argparse.Namespace, rows: list[A
         impls = {"fcoll": _cg_step(b, h, lambda p: fc.halo_exchange(p, mesh, 1, donate=True), ex.dot,
                                    ex.stencil),
                  "raw": _cg_step(b, h, raw_halo, raw_dot, ex.stencil)}
-        record(comm, rows, "cg", "poisson", size, measure(comm, impls, args.batches, args.budget))
+        record(comm, rows, "cg", "poisson", size, rotating(comm, impls, args.batches, args.budget))
 
 
 def _cg_step(b: np.ndarray, h: float, halo: Callable[[np.ndarray], np.ndarray],
