@@ -158,6 +158,51 @@ def test_sendrecv_like_of_another_size_raises_on_the_receiver(group, other):
     assert (y == (r - 1) % n).all()
 
 
+def test_sendrecv_like_fast_path(group):
+    """After one call with an array like=, later ones take the learned fast path (one
+    MPI_Sendrecv, `fcoll.collectives._fast_p2p`): the full path's bits for C, Fortran-ordered
+    and strided x (those fall through to the full path), a ValueError on the rank that
+    receives a message of another size, and fc.init drops it."""
+    from fcoll.collectives import _fast
+
+    n, r = group.size, group.rank
+    to, source = (r + 1) % n, (r - 1) % n
+    key = _fast.key(group.arg, "like") if group.arg is not None else "like"
+    x = np.arange(12.0).reshape(3, 4) + 100 * r
+    before = dict(_fast.SENDRECV_LIKE)
+    fc.sendrecv(x, to, source, group.arg, like=x)
+    if key is None:  # a list of ranks: nothing learned
+        assert _fast.SENDRECV_LIKE == before
+        return
+    learned, used = _fast.SENDRECV_LIKE[key], [0]
+
+    def spy(*args):
+        used[0] += 1
+        return learned(*args)
+
+    _fast.SENDRECV_LIKE[key] = spy
+    try:
+        for v in (x, np.asfortranarray(x), x[:, ::2], x.ravel()[::3], x[0, 0, ...]):
+            y = fc.sendrecv(v, to, source, group.arg, like=np.empty(v.shape, v.dtype))
+            assert same_bits(y, np.array(v - 100 * r + 100 * source, order="C"))
+        assert used[0] == 5
+        sent = np.arange(5.0 if r == 0 else 4.0)  # group rank 0 sends one more
+        if source == 0:
+            with pytest.raises(ValueError, match="expected 32 bytes from group rank 0"):
+                fc.sendrecv(sent, to, source, group.arg, like=np.empty(4))
+        else:
+            assert (fc.sendrecv(sent, to, source, group.arg, like=np.empty(4)) == np.arange(4.0)).all()
+        assert used[0] == 6
+        y = fc.sendrecv(np.full(4, float(r)), to, source, group.arg, like=np.empty(4))
+        assert (y == source).all()
+    finally:
+        _fast.SENDRECV_LIKE.pop(key, None)
+    fc.sendrecv(x, to, source, group.arg, like=x)
+    assert key in _fast.SENDRECV_LIKE
+    fc.init()
+    assert key not in _fast.SENDRECV_LIKE
+
+
 def test_sendrecv_like_errors(group):
     x = np.ones(2)
     with pytest.raises(ValueError, match="expected like to be an array or a \\(shape, dtype\\)"):

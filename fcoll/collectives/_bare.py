@@ -58,7 +58,7 @@ def exchange(call: Call, x: np.ndarray | None, to: int, source: int, tag: int,
         tolerate[0] -= 1
     if out is not None and (mpi_errors.TRUNCATED[0] != before
                             or status.Get_count(BYTE) != out.nbytes):
-        _mismatch(call, out, status, mpi_errors.TRUNCATED[0] != before, source)
+        mismatch(call.fn, out, status, mpi_errors.TRUNCATED[0] != before, source)
     return out
 
 
@@ -80,10 +80,10 @@ def _polled(call: Call, send: Any, to: int, recv: Any, source: int, tag: int, st
             pause = backoff(started, pause)
 
 
-def _mismatch(call: Call, out: np.ndarray, status: Any, truncated: bool, source: int) -> None:
-    """`ValueError`: the message was not ``out``'s size."""
+def mismatch(fn: str, out: np.ndarray, status: Any, truncated: bool, source: int) -> None:
+    """`ValueError` from ``fn``: the message was not ``out``'s size (``truncated``: longer)."""
     got = status.Get_count(BYTE)
     what = f"more than {out.nbytes}" if truncated else str(got)
-    raise ValueError(f"{call.fn}: expected {out.nbytes} bytes from group rank {source} (like= "
+    raise ValueError(f"{fn}: expected {out.nbytes} bytes from group rank {source} (like= "
                      f"{out.shape} {out.dtype}, {math.prod(out.shape)} elements), got {what} "
                      "bytes: the sender's array differs from like")

@@ -49,8 +49,11 @@ BROADCAST: dict[Any, Fast] = {}
 ALL_TO_ALL_V: dict[Any, Callable[[np.ndarray, Any, Any], np.ndarray | None]] = {}
 # all_to_all (lists): ``fast(chunks)``, keyed by the chunks' dtype
 ALL_TO_ALL_LISTS: dict[Any, Callable[[Any], list[np.ndarray] | None]] = {}
+# sendrecv with like=: ``fast(x, dst, src, tag, like)``, keyed ``"like"``
+# (`fcoll.collectives._fast_p2p`)
+SENDRECV_LIKE: dict[Any, Callable[..., np.ndarray | None]] = {}
 _TABLES: tuple[dict[Any, Any], ...] = (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, BROADCAST,
-                                       ALL_TO_ALL_V, ALL_TO_ALL_LISTS)
+                                       ALL_TO_ALL_V, ALL_TO_ALL_LISTS, SENDRECV_LIKE)
 INF = float("inf")
 RS = _fingerprint.kind_bits("reduce_scatter_tensor")  # a plan's fingerprint is an all_reduce's
 

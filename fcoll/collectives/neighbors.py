@@ -27,7 +27,7 @@ import numpy as np
 
 from fcoll import runtime
 from fcoll.calls.work import Call, wait_requests
-from fcoll.collectives import _bare, _halo
+from fcoll.collectives import _bare, _fast, _fast_p2p, _halo
 from fcoll.collectives._common import c_order
 from fcoll.collectives.p2p import BARE, BYTE, DATA, INLINE_LIMIT, MPI, PARTS, _probe_message, _tag
 from fcoll.dispatch import device, interop
@@ -92,6 +92,10 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
         >>> fc.sendrecv(x, (r + 1) % n, (r - 1) % n, like=x)  # data alone: 24 bytes
         array([3., 3., 3.])                                   # on rank 0
     """
+    if type(like) is np.ndarray and type(x) is np.ndarray and (fast := _fast.SENDRECV_LIKE.get(
+            "like" if group is None else _fast.key(group, "like"))) is not None \
+            and (y := fast(x, dst, src, tag, like)) is not None:
+        return y
     fn = "sendrecv"
     if (on := _device_of(x, like, group)) is not None:
         return route.run(on, fn, sendrecv, x, dst, src, group=group, tag=tag, like=like)
@@ -110,6 +114,8 @@ def sendrecv(  # type: ignore[misc]  # the numpy path (fcoll.policy.arrays)
             shape, dtype = like.shape, like.dtype
         else:
             shape, dtype = check_like(like, fn)
+        if type(like) is np.ndarray and dst is not None and src is not None:
+            _fast.learn(_fast.SENDRECV_LIKE, _fast.key(group, "like"), g, _fast_p2p.sendrecv_like)
         return _bare.exchange(call, x if dst is not None else None, to, source,
                               PARTS * tag + BARE, shape, dtype)
     return _sendrecv(call, x if dst is not None else None, to, source, PARTS * tag)
