@@ -1,7 +1,8 @@
-"""The shared-memory step protocol under stress (tests/stress_job.py): 100,000 collectives across
-n = 2, 3 and 4 (30,000, 30,000, 40,000; 20,000 at n = 5) through the segment (the compiled core where it is built), random sizes,
-roots, groups and delays on random ranks, every result checked on every rank; a shorter run
-on the numpy path (FCOLL_NATIVE=0). Launched from the world-size-1 pass."""
+"""The shared-memory step protocol under stress (tests/stress_job.py): 100,000 collectives
+across n = 2, 3 and 4 (30,000, 30,000, 40,000; 20,000 at n = 5) through the segment (the
+compiled core where it is built), random sizes, roots, groups and delays on random ranks,
+every result checked on every rank; a shorter run on the numpy path (FCOLL_NATIVE=0).
+Launched from the world-size-1 pass."""
 
 from __future__ import annotations
 

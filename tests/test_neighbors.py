@@ -172,7 +172,7 @@ def test_sendrecv_like_fast_path(group):
     before = dict(_fast.SENDRECV_LIKE)
     fc.sendrecv(x, to, source, group.arg, like=x)
     if key is None:  # a list of ranks: nothing learned
-        assert _fast.SENDRECV_LIKE == before
+        assert before == _fast.SENDRECV_LIKE
         return
     learned, used = _fast.SENDRECV_LIKE[key], [0]
 

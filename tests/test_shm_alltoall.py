@@ -254,6 +254,33 @@ def test_lists_fast_path_takes_two_steps(world_size, rank, forced, monkeypatch):
     assert all(same_bits(a, b.view(np.int32)) for a, b in zip(got, first, strict=True))
 
 
+def test_fast_paths_count_and_record_their_own_calls(world_size, rank, forced):  # noqa: F811
+    """The uneven and list fast paths count each call once and record it in the flight
+    recorder themselves: an earlier call's record (the full path's) keeps its end time."""
+    from fcoll.diagnostics import flight
+
+    if world_size == 1 or not flight.RING:
+        pytest.skip("needs two ranks and the flight recorder")
+    ins = _uneven(world_size, rank)
+    outs = [_uneven(world_size, p)[rank] for p in range(world_size)]
+    x = bits(rank, (sum(ins), 2), np.float64, salt=13)
+    chunks = [bits(rank, (j + 1, 2), np.float32, salt=j) for j in range(world_size)]
+    fc.all_to_all_single(x, outs, ins)
+    fc.all_to_all(chunks)  # both learned
+    g = fc.world()
+    if g.shm is None or g.shm.core is None:
+        pytest.skip("the compiled core is not stepping (FCOLL_NATIVE=0)")
+    ring, slot, seq = flight.RING, g.call.slot, g.seq
+    assert slot >= 0
+    end = ring.ends[slot]
+    for _ in range(3):
+        fc.all_to_all_single(x, outs, ins)
+        fc.all_to_all(chunks)
+    assert ring.ends[slot] == end and g.seq == seq + 6
+    last = ring.calls[(ring.pos[0] - 1) & ring.mask]
+    assert last[1] == g.seq and last[2] == "all_to_all" and ring.ends[(ring.pos[0] - 1) & ring.mask] > 0
+
+
 def test_steps_and_memory_per_rank(group, forced):  # noqa: F811
     """Messages are the segment's steps: ceil(block / piece) for even splits, one more (the
     words) for uneven ones, whatever p; the segment a rank keeps stays two slots of at most

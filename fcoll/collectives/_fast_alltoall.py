@@ -96,7 +96,7 @@ def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any
     calls, clock = recorder[0], recorder[5]
     name, fp, meta, code = "all_to_all_single", fingerprint("all_to_all_single", "", dtype), \
         _alltoall.META, _alltoall._code
-    top = _alltoall.limit()
+    top, ndarray = _alltoall.limit(), np.ndarray
     from fcoll.backends.native import module
 
     mismatch = module().Mismatch
@@ -106,7 +106,7 @@ def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any
         if not seg or (core := seg.core) is None or not x.flags.c_contiguous:
             return None
         call = g.call
-        call.fn = name
+        call.fn, call.counted, call.slot = name, True, -1  # counted here, recorded here
         start = clock() if calls is not None else 0.0
         try:
             got = core.alltoallv_rows(x, ins, outs, code(x.shape[1:], dtype), meta, fp, top, -1.0)
@@ -115,7 +115,7 @@ def all_to_all_v(g: Any, dtype: np.dtype[Any]) -> Callable[[np.ndarray, Any, Any
         if got is None:
             return None
         counted(g, recorder, name, x.shape, x.dtype, start)
-        return _alltoall.rows_result(call, x, ins, outs, got)
+        return got if type(got) is ndarray else _alltoall.rows_result(call, x, ins, outs, got)
 
     return run
 
@@ -133,7 +133,9 @@ def all_to_all_lists(g: Any, dtype: np.dtype[Any]) -> Callable[[Any], list[np.nd
     name, n, kind = "all_to_all", g.size, "all_to_all"
     fp, meta, word = _alltoall._fp(kind, np.dtype(np.uint8)), _alltoall.METAS[kind], \
         _alltoall._code((), np.dtype(np.uint8))
-    mismatch = module().Mismatch
+    core_module = module()
+    mismatch, pack, unpack, code = core_module.Mismatch, core_module.pack_chunks, \
+        core_module.unpack_chunks, _alltoall._code(dtype)
     ndarray = np.ndarray
     top = _alltoall.limit()
 
@@ -142,12 +144,12 @@ def all_to_all_lists(g: Any, dtype: np.dtype[Any]) -> Callable[[Any], list[np.nd
         if not seg or (core := seg.core) is None or type(chunks) is not list or len(chunks) != n:
             return None
         for c in chunks:
-            if type(c) is not ndarray or c.dtype != dtype:
+            if type(c) is not ndarray or ((d := c.dtype) is not dtype and d != dtype):
                 return None
         call = g.call
-        call.fn = name
+        call.fn, call.counted, call.slot = name, True, -1  # counted here, recorded here
         start = clock() if calls is not None else 0.0
-        send, sizes = _alltoall._packed(chunks)
+        send, sizes = pack(chunks, code) or _alltoall._packed(chunks)  # None: numpy packs
         try:
             got = core.alltoallv_rows(send, sizes, None, word, meta, fp, top, -1.0)
         except mismatch as error:
@@ -155,7 +157,10 @@ def all_to_all_lists(g: Any, dtype: np.dtype[Any]) -> Callable[[Any], list[np.nd
         if got is None:
             return None
         counted(g, recorder, name, (n,), dtype, start)
-        return _alltoall.unpacked(call, _alltoall.rows_result(call, send, sizes, None, got, kind),
-                                  chunks)
+        if type(got) is not ndarray:
+            got = _alltoall.rows_result(call, send, sizes, None, got, kind)
+        out, codes = unpack(got, dtype)
+        # dtypes that differ between ranks (every rank sees them): the pickled exchange names them
+        return out if codes.count(codes[0]) == n else _alltoall._lists_mpi(call, chunks)
 
     return run
