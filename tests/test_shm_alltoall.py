@@ -7,15 +7,17 @@ disagree raising on every rank, the group usable after; words that cannot carry 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 import fcoll as fc
-from fcoll.backends import shm, shm_alltoall
+from fcoll.backends import native, shm, shm_alltoall
 from fcoll.collectives import _alltoall
 from fcoll.groups.group import resolve_group
 from tests.helpers import ALL_DTYPES, bits, same_bits
-from tests.test_shm import _both, forced  # noqa: F401  (the fixture)
+from tests.test_shm import _both, _set, forced  # noqa: F401  (the fixture)
 
 ROWS = [0, 1, 3]  # rows per block
 
@@ -281,12 +283,74 @@ def test_fast_paths_count_and_record_their_own_calls(world_size, rank, forced): 
     assert last[1] == g.seq and last[2] == "all_to_all" and ring.ends[(ring.pos[0] - 1) & ring.mask] > 0
 
 
-def test_steps_and_memory_per_rank(group, forced):  # noqa: F811
-    """Messages are the segment's steps: ceil(block / piece) for even splits, one more (the
-    words) for uneven ones, whatever p; the segment a rank keeps stays two slots of at most
-    a chunk (`segment.CHUNK`) per rank, so its memory is O(p) per node, O(1) per rank."""
-    import math
+def _direct_core(world_size):
+    """The world's core where it reads blocks directly, else skip."""
+    if world_size == 1:
+        pytest.skip("needs two ranks")
+    seg = fc.world().shm
+    if seg is None or seg.core is None:
+        pytest.skip("the compiled core is not stepping (FCOLL_NATIVE=0)")
+    if not seg.core.direct:
+        pytest.skip("no direct reads here (FCOLL_SHM_DIRECT=0, or not Linux)")
+    return seg
 
+
+def test_large_blocks_are_read_directly(world_size, rank, forced):  # noqa: F811
+    """From 64 KiB in the largest block an all-to-all reads each peer's block straight from
+    its input: two steps whatever the size (the segment's steps: one per piece), the same
+    bits as the segment's steps (direct = 0, every rank) and as MPI's, even and uneven."""
+    n = world_size
+    rows = 3 * (1 << 20) // 8 // max(n, 1) + 5  # blocks of ~3 MiB / n (several pieces)
+    x = _blocks(n, rank, rows, np.float64, (), salt=21)
+    mpi, _ = _both(fc.all_to_all_single, x)
+    seg = _direct_core(world_size)
+    ins = _uneven(n, rank, rows)
+    u = bits(rank, (sum(ins),), np.float64, salt=22)
+    _set("0")
+    mpi_u = fc.all_to_all_single(u, None, ins)
+    _set("1")
+    fc.all_to_all_single(u, None, ins)  # grown for it
+    for direct, steps in ((1, 2), (0, math.ceil(rows * 8 / shm_alltoall.piece(n, rows * 8)))):
+        seg.core.direct = direct
+        try:
+            before = seg.step
+            assert same_bits(fc.all_to_all_single(x), mpi)
+            assert seg.step == before + steps
+            assert same_bits(fc.all_to_all_single(u, None, ins), mpi_u)
+        finally:
+            seg.core.direct = 1
+
+
+def test_failed_direct_reads_fall_back_on_every_rank(world_size, rank, forced):  # noqa: F811
+    """Where one rank's direct reads fail (direct = 2 there), every rank takes the segment's
+    steps after the two direct steps, with the same bits; where ranks are configured apart
+    (one reads directly, one does not) both raise CollectiveMismatchError, none reads
+    garbage, and the group works after."""
+    n = world_size
+    rows = (1 << 17) // 8 + 3
+    x = _blocks(n, rank, rows, np.float64, (), salt=23)
+    mpi, _ = _both(fc.all_to_all_single, x)
+    seg = _direct_core(world_size)
+    pieces = math.ceil(rows * 8 / shm_alltoall.piece(n, rows * 8))
+    try:
+        seg.core.direct = 2 if rank == n - 1 else 1
+        before = seg.step
+        assert same_bits(fc.all_to_all_single(x), mpi)
+        assert seg.step == before + 2 + pieces
+        assert seg.core.direct == (2 if rank == n - 1 else 0)  # tried once: off
+        seg.core.direct = 0 if rank == 0 else 1
+        with pytest.raises(fc.CollectiveMismatchError):
+            fc.all_to_all_single(x)
+    finally:
+        seg.core.direct = 1
+    assert same_bits(fc.all_to_all_single(x), mpi)
+
+
+def test_steps_and_memory_per_rank(group, forced):  # noqa: F811
+    """Messages are the segment's steps: ceil(block / piece) for even splits, or 2 where the
+    compiled core reads blocks of at least DIRECT_MIN bytes directly; one more (the words)
+    for uneven ones, whatever p; the segment a rank keeps stays two slots of at most a chunk
+    (`segment.CHUNK`) per rank, so its memory is O(p) per node, O(1) per rank."""
     from fcoll.backends.segment import CHUNK
 
     n = group.size
@@ -297,6 +361,9 @@ def test_steps_and_memory_per_rank(group, forced):  # noqa: F811
         x = np.zeros(n * block, np.uint8)
         fc.all_to_all_single(x, group=group.arg)  # the segment grown for it
         steps = math.ceil(block / shm_alltoall.piece(n, block))
+        core = g.shm.core if g.shm else None
+        if core is not None and core.direct == 1 and block >= native.module().DIRECT_MIN:
+            steps = 2
         with fc.debug.traffic() as t:
             fc.all_to_all_single(x, group=group.arg)
         assert t.messages == steps, (block, t.messages)

@@ -73,6 +73,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <unistd.h>
 
 #if defined(__linux__) && !defined(FCOLL_NO_FUTEX)
 #define FCOLL_FUTEX 1
@@ -718,6 +719,12 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     }
     c->base = (char *)c->view.buf;
     c->step = (int64_t)step;
+    c->pid = (int64_t)getpid();
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    c->nonce = ((uint64_t)t.tv_nsec << 32 ^ (uint64_t)t.tv_sec ^ (uint64_t)c->pid << 16 ^
+                (uint64_t)(uintptr_t)c) | 1;
+    c->direct = shm_direct_available();
     return 0;
 }
 
@@ -737,6 +744,20 @@ static int Core_set_step(Core *c, PyObject *value, void *closure) {
     return 0;
 }
 
+static PyObject *Core_get_direct(Core *c, void *closure) { return PyLong_FromLong(c->direct); }
+
+static int Core_set_direct(Core *c, PyObject *value, void *closure) {
+    long direct = PyLong_AsLong(value);
+    if (direct == -1 && PyErr_Occurred()) return -1;
+    if (direct < 0 || direct > 2 || (direct == 1 && !shm_direct_available())) {
+        PyErr_Format(PyExc_ValueError, "_shmcore.Core.direct: expected 0, 2 or (where the "
+                     "platform reads other processes' memory) 1, got %ld", direct);
+        return -1;
+    }
+    c->direct = (int)direct;
+    return 0;
+}
+
 static PyObject *Core_get_serve(Core *c, void *closure) {
     return Py_NewRef(c->serve != NULL ? c->serve : Py_None);
 }
@@ -750,6 +771,9 @@ static int Core_set_serve(Core *c, PyObject *value, void *closure) {
 
 static PyGetSetDef Core_getset[] = {
     {"step", (getter)Core_get_step, (setter)Core_set_step, "the last step taken", NULL},
+    {"direct", (getter)Core_get_direct, (setter)Core_set_direct,
+     "all-to-alls read large blocks from the peers' inputs: 1, 0 (off), 2 (reads fail: tests)",
+     NULL},
     {"serve", (getter)Core_get_serve, (setter)Core_set_serve,
      "called now and then while a wait sleeps (flight-record requests)", NULL},
     {NULL},
@@ -897,6 +921,7 @@ PyMODINIT_FUNC PyInit__shmcore(void) {
         PyModule_AddObjectRef(m, "Timeout", Timeout) < 0 ||
         PyModule_AddIntConstant(m, "INLINE", INLINE) < 0 ||
         PyModule_AddIntConstant(m, "PER_RANK", PER_RANK) < 0 ||
+        PyModule_AddIntConstant(m, "DIRECT_MIN", (long)DIRECT_MIN) < 0 ||
         PyModule_AddIntConstant(m, "F_AVG", F_AVG) < 0 ||
         PyModule_AddIntConstant(m, "F_SCALE", F_SCALE) < 0 ||
         PyModule_AddIntConstant(m, "F_EXCLUSIVE", F_EXCLUSIVE) < 0 ||

@@ -73,7 +73,23 @@ typedef struct {
     int64_t step;
     PyObject *serve;
     Program programs[P_COUNT]; /* this rank's: allreduce (and reduce_scatter), scan, exscan */
+    /* all-to-alls' blocks read straight from the peers' inputs (_shmalltoall.c, "Direct"):
+     * ``direct`` 1 (where the platform has it), 0 (off), 2 (the reads report failure: tests);
+     * ``pid`` this process; ``nonce`` a value only this process's memory holds */
+    int direct;
+    int64_t pid;
+    uint64_t nonce;
 } Core;
+
+/* Whether this build reads other processes' memory (Linux's process_vm_readv, the cross-memory
+ * attach MPICH and Open MPI use on one node): the all-to-alls' direct reads (_shmalltoall.c) */
+#if defined(__linux__) && !defined(FCOLL_NO_DIRECT)
+#define FCOLL_DIRECT 1
+#else
+#define FCOLL_DIRECT 0
+#endif
+static inline int shm_direct_available(void) { return FCOLL_DIRECT; }
+#define DIRECT_MIN ((Py_ssize_t)64 << 10) /* bytes in the largest block from which they read */
 
 /* What one call does: its kind, fold (type, op, flags, factor), root, fingerprint, deadline */
 typedef struct {

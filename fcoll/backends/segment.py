@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from fcoll import runtime
-from fcoll.backends import native
+from fcoll.backends import native, shm_window
 from fcoll.calls import fingerprint, traffic
 from fcoll.calls.errors import check_notices, timed_out
 from fcoll.calls.work import Call
@@ -117,6 +117,8 @@ class Segment:
             self.core = self._native.Core(self.mem, self.n, self.rank, capacity, self.head, CHUNK,
                                           0, runtime.OVERSUBSCRIBED)
             self.core.programs(*native.programs(self.n, self.rank))  # its reduction orders
+            if not shm_window.direct():
+                self.core.direct = 0  # all-to-alls' blocks through the slots only
             self.core.serve = self.serve  # now and then while the core sleeps
 
     def serve(self) -> None:

@@ -5,8 +5,10 @@ without the compiled core; and the settings that move the window.
 Settings, read once per process (again after `fcoll.init`): ``FCOLL_SHM`` ``auto`` (default:
 on where it measured faster, messages of at least `MIN_BYTES` per op), ``1`` (every size,
 for tests), ``0`` (never); ``FCOLL_SHM_NODE_SIZE=k`` pretends each node holds ``k`` consecutive
-global ranks (to test groups that span nodes on one machine). Every rank must see the same
-settings.
+global ranks (to test groups that span nodes on one machine); ``FCOLL_SHM_DIRECT=0`` turns
+off the compiled core's direct reads for large all-to-all blocks (`direct`). Every rank must
+see the same settings (a rank whose all-to-all reads directly and one whose does not fail the
+step's comparison: `CollectiveMismatchError`, never garbage).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fcoll.diagnostics.board import node_size_setting
 
 NAME = "shm"
 ENV = "FCOLL_SHM"
+DIRECT_ENV = "FCOLL_SHM_DIRECT"
 # Per-rank bytes from which shared memory beat MPI here, and up to which (exclusive) it
 # did (docs/performance.md); FCOLL_SHM=1 uses it at every size.
 # (bench/shm_movement.py).
@@ -92,3 +95,18 @@ def ceiling(op: str) -> float:
     if runtime.OVERSUBSCRIBED and op in OVERSUBSCRIBED_MAX_BYTES:
         return OVERSUBSCRIBED_MAX_BYTES[op]
     return (NATIVE_MAX_BYTES if native.running() else MAX_BYTES).get(op, NEVER)
+
+
+def direct() -> bool:
+    """Whether the compiled core may read large all-to-all blocks straight from the peers'
+    inputs (``FCOLL_SHM_DIRECT``, default on; the core uses it where the platform allows,
+    `fcoll.backends._shmalltoall.c`).
+
+    Example:
+        >>> direct()                     # FCOLL_SHM_DIRECT unset
+        True
+    """
+    value = os.environ.get(DIRECT_ENV, "1").strip().lower() or "1"
+    if value not in _MODES:
+        raise ValueError(f"{DIRECT_ENV}: expected 1 or 0, got {value!r}")
+    return _MODES[value] != "off"
