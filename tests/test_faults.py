@@ -80,9 +80,10 @@ def test_dead_rank_ends_the_job(tmp_path):
         fc.all_reduce(np.ones(3))
     """)
     # MPICH's and Open MPI's mpiexec stop the job at once and exit with the dead rank's
-    # code; MPICH's names no rank, and the surviving ranks are killed before they can say
-    # anything.
-    assert code == 7 and took < 30
+    # code (7); MPICH's names no rank, and the surviving ranks are killed before they can say
+    # anything. Under load MPICH's mpiexec may reap the rank it killed first and exit with its
+    # status (9, SIGKILL: seen in CI, as in test_shm's dead-peer job).
+    assert code in (7, 9) and took < 30, code
 
 
 def test_nonzero_exit_aborts_the_job(tmp_path):

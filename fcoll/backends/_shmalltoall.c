@@ -34,8 +34,7 @@
  * rank's reads all succeeded (and its nonce matched: the pid is the process that published
  * it) and waits, so no input is released while a peer may read it. Where any rank's reads
  * failed (no permission, another pid namespace, c->direct 2), every rank then takes the
- * segment's steps, the inputs still in place, and (c->direct 1) stops trying on this
- * segment. The steps announce DIRECT_COUNT(count), so a
+ * segment's steps, the inputs still in place, and stops trying on this segment. The steps announce DIRECT_COUNT(count), so a
  * rank configured otherwise fails the step's comparison instead of reading garbage. */
 #define DIRECT_COUNT(count) (-(count) - 1)
 
@@ -132,7 +131,7 @@ static int alltoall_move(Core *c, const Step *s, const char *src, const Py_ssize
         int done = 0, failed = alltoall_direct(c, s, src, sdispl, dst, rcount, rdispl, count, ts,
                                                &done);
         if (failed != STEP_OK || done) return failed;
-        if (c->direct == 1) c->direct = 0; /* every rank alike: reads fail here, stop trying */
+        c->direct = 0; /* every rank alike (all saw the same verdicts): stop trying */
     }
     return alltoall_steps(c, s, src, scount, sdispl, dst, rcount, rdispl, most, count, ts);
 }
