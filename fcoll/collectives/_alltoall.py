@@ -209,7 +209,8 @@ def _packed(arrays: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
 
 
 _PAD = ((0,), ())  # a word after an odd count of header words
-_CORE: list[Any] = []
+_ZEROS = np.zeros(ALIGN, np.uint8)
+_CORE: list[Any] = []  # native.module() reads FCOLL_NATIVE at each call: looked up once here
 
 
 def _core() -> Any:
@@ -217,7 +218,6 @@ def _core() -> Any:
     if not _CORE:
         _CORE.append(native.module())
     return _CORE[0]
-_ZEROS = np.zeros(ALIGN, np.uint8)
 
 
 def _unpacked(buf: np.ndarray, dtype: np.dtype[Any]) -> tuple[list[np.ndarray], list[int]]:
